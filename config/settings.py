@@ -1,0 +1,117 @@
+"""All fleet settings in one place, read from the environment (prefix ``FLEET_``).
+
+Each section is its own ``BaseSettings`` with its own prefix so that the names users type stay
+flat (``FLEET_SIM_SPEED``, ``FLEET_S3_ENDPOINT_URL``) while code reads ``settings.sim.speed``.
+Nothing here is read at import time: call :func:`load_settings` once per process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_store_url() -> str:
+    return (Path.cwd() / "fleet-data").as_uri()
+
+
+class SimSettings(BaseSettings):
+    """Knobs of the engine simulator (``python -m workers.sim``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEET_SIM_", extra="ignore")
+
+    # How many times faster than real time the simulator runs (step times are divided by it).
+    speed: float = 1.0
+    # Mean output length of the long-tailed output distribution (workload.md: ~2,490 tokens).
+    mean_output_tokens: float = 2490.0
+    # Shape of the log-normal output-length distribution (sigma of the underlying normal).
+    output_sigma: float = 0.8
+    # Total memory of the simulated GPU in MiB (workload.md: B200, 183,359 MiB).
+    gpu_memory_mib: int = 183_359
+    # Seed for the output-length draws, so a run can be replayed.
+    seed: int | None = None
+    # Real seconds the simulated engine spends "loading weights" before /health turns 200.
+    startup_s: float = 1.0
+
+
+class S3Settings(BaseSettings):
+    """Object-store access beyond the standard AWS environment (credentials stay in AWS_*)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEET_S3_", extra="ignore")
+
+    # Endpoint of an S3-compatible store (MinIO, moto); None means AWS itself.
+    endpoint_url: str | None = None
+    region: str | None = None
+
+
+class Settings(BaseSettings):
+    """The fleet's settings; every field can be set as ``FLEET_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore")
+
+    # --- where things live ---------------------------------------------------------------
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    # Result/staging store: file:///abs/path (embedded default) or s3://bucket/prefix.
+    store_url: str = Field(default_factory=_default_store_url)
+
+    # --- engine -------------------------------------------------------------------------
+    engine: Literal["sglang", "sim"] = "sim"
+    # Name of a TOML launch profile under config/profiles/ (without .toml), or a path.
+    profile: str = "qwen36-27b"
+    # GPU index override; otherwise taken from the worker's queue name (gpuN).
+    gpu: int | None = None
+    # Engine port = engine_base_port + GPU index; bound to engine_host.
+    engine_base_port: int = 30000
+    engine_host: str = "127.0.0.1"
+    # A 54 GB model load takes minutes: this bounds start-up, it is not a hang detector.
+    engine_start_timeout_s: float = 1800.0
+    engine_health_interval_s: float = 2.0
+    # Consecutive failed health probes before the engine is restarted.
+    engine_unhealthy_after: int = 3
+    # No token progress for this long while requests are running means the engine hangs.
+    engine_stall_timeout_s: float = 300.0
+    engine_stop_grace_s: float = 30.0
+    # Folder for per-GPU engine logs.
+    log_dir: Path = Path("logs")
+
+    # --- batch task -----------------------------------------------------------------------
+    # In-flight requests per batch = effective running cap * headroom (+ 1).
+    client_headroom: float = 1.25
+    # Explicit client concurrency per batch (overrides the cap-derived value).
+    client_concurrency: int | None = None
+    # Batches a worker runs at once: >1 lets the next batch fill slots during a batch's tail.
+    batches_per_gpu: int = 2
+    request_timeout_s: float = 3600.0
+    # Transient request errors: attempts and backoff (seconds).
+    retry_max_attempts: int = 5
+    retry_base_s: float = 1.0
+    retry_max_s: float = 30.0
+    # How long a batch waits for its engine to come back before handing the batch back.
+    engine_wait_s: float = 900.0
+
+    # --- delivery ---------------------------------------------------------------------------
+    # The lease: a live worker renews its batches every lease_renew_s; a dead one's come back
+    # after visibility_timeout_s plus at most one sweep period.
+    visibility_timeout_s: int = 30
+    lease_renew_s: float = 5.0
+    sweep_interval_s: float = 5.0
+    task_time_limit_s: int = 6 * 3600
+    heartbeat_interval_s: float = 5.0
+
+    # --- producer -------------------------------------------------------------------------
+    batch_size: int = 500
+
+    sim: SimSettings = Field(default_factory=SimSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+
+    def engine_port(self, gpu: int) -> int:
+        """Port of the engine that serves GPU ``gpu``."""
+        return self.engine_base_port + gpu
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment (call once per process and pass it down)."""
+    return Settings()

@@ -1,0 +1,5 @@
+"""``python -m producer``."""
+
+from producer.cli import main
+
+main()

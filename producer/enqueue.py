@@ -1,0 +1,159 @@
+"""Stage a prompt file into the store batch by batch and enqueue what is not done or pending.
+
+Re-running it for the same job is the resume and reconcile command: the store says which
+batches are done (their result objects exist), Redis says which are pending, and only the rest
+is sent. The input is streamed: at most one batch of rows is held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import redis
+from celery import Celery
+
+from workers import jobstate
+from workers.app import SHARED_QUEUE
+from workers.errors import InputError, JobError
+from workers.jobs import (
+    JobSpec,
+    PromptRow,
+    SamplingSpec,
+    batch_of_result_key,
+    decode_rows,
+    encode_rows,
+    input_key,
+    load_spec,
+    result_key,
+    results_prefix,
+    save_spec,
+)
+from workers.store import Store
+
+
+@dataclass
+class EnqueueReport:
+    """What one ``enqueue`` run did."""
+
+    spec: JobSpec
+    created: bool
+    staged: int = 0
+    enqueued: int = 0
+    already_done: int = 0
+    already_pending: int = 0
+    bad_rows: list[str] = field(default_factory=list)
+
+
+def _chunks(rows: Iterable[PromptRow], size: int) -> Iterator[list[PromptRow]]:
+    chunk: list[PromptRow] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _existing_spec(store: Store, job: str) -> JobSpec | None:
+    try:
+        return load_spec(store, job)
+    except JobError:
+        return None
+
+
+def stage(store: Store, job: str, rows: Iterable[PromptRow], batch_size: int,
+          report: EnqueueReport, skip_existing: bool,
+          on_batch: Callable[[int, int], None] | None = None) -> tuple[int, int, str]:
+    """Write each batch's rows to the store; return (rows, batches, input fingerprint)."""
+    digest, total, n = hashlib.sha256(), 0, 0
+    for n, chunk in enumerate(_chunks(rows, batch_size), start=1):
+        dicts = [r.model_dump(exclude_defaults=True) | {"index": r.index, "id": r.id}
+                 for r in chunk]
+        for d in dicts:
+            digest.update(orjson.dumps(d, option=orjson.OPT_SORT_KEYS))
+        report.bad_rows += [r.error for r in chunk if r.error]
+        key = input_key(job, n - 1)
+        if not (skip_existing and store.exists(key)):
+            store.put(key, encode_rows(dicts, compress=True))
+            report.staged += 1
+        total += len(chunk)
+        if on_batch:
+            on_batch(total, n)
+    return total, n, digest.hexdigest()
+
+
+def _count_result(store: Store, job: str, batch: int, r: redis.Redis) -> None:
+    """Add a stored batch's rows to the live counters (Redis lost them)."""
+    rows = decode_rows(store.get(result_key(job, batch)))
+    failed = sum(x["status"] == "failed" for x in rows)
+    trunc = sum(x.get("finish_reason") == "length" for x in rows)
+    keys = jobstate.Keys(job)
+    pipe = r.pipeline()
+    pipe.hincrby(keys.stats, "completed", len(rows) - failed)
+    pipe.hincrby(keys.stats, "failed", failed)
+    pipe.hincrby(keys.stats, "truncated", trunc)
+    pipe.hincrby(keys.stats, "output_tokens", sum(x.get("completion_tokens") or 0 for x in rows))
+    pipe.sadd(keys.done, batch)
+    pipe.srem(keys.pending, batch)
+    pipe.execute()
+
+
+def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
+              report: EnqueueReport) -> None:
+    """Enqueue every batch that is neither stored as done nor pending in Redis."""
+    keys = jobstate.Keys(spec.name)
+    stored = {b for k in store.list(results_prefix(spec.name))
+              if (b := batch_of_result_key(k)) is not None}
+    done = {int(b) for b in r.smembers(keys.done)}
+    pending = {int(b) for b in r.smembers(keys.pending)}
+    with app.producer_or_acquire() as producer:
+        for b in range(spec.n_batches):
+            if b in stored:
+                if b not in done:
+                    _count_result(store, spec.name, b, r)
+                report.already_done += 1
+            elif b in pending:
+                report.already_pending += 1
+            else:
+                r.sadd(keys.pending, b)
+                app.send_task("fleet.run_batch", args=[spec.name, b], queue=SHARED_QUEUE,
+                              producer=producer)
+                report.enqueued += 1
+
+
+def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,
+            batch_size: int | None, sampling: SamplingSpec, rows: Iterable[PromptRow],
+            on_batch: Callable[[int, int], None] | None = None,
+            default_batch_size: int = 500) -> EnqueueReport:
+    """Record, stage and enqueue a job (or resume it); see the module docstring."""
+    old = _existing_spec(store, job)
+    size = batch_size or (old.batch_size if old else default_batch_size)
+    if old and size != old.batch_size:
+        raise JobError(f"job {job!r} exists with batch size {old.batch_size}, not {size}")
+    if old and sampling != old.sampling and sampling != SamplingSpec():
+        raise JobError(f"job {job!r} exists with sampling {old.sampling.model_dump()}")
+    placeholder = JobSpec(name=job, total=0, batch_size=size, n_batches=0,
+                          input_path=str(input_path), input_fingerprint="")
+    report = EnqueueReport(spec=placeholder, created=old is None)
+    total, n, fingerprint = stage(store, job, rows, size, report, old is not None, on_batch)
+    if total == 0:
+        raise InputError(str(input_path), None, "no rows")
+    if old and fingerprint != old.input_fingerprint:
+        raise JobError(f"{input_path} differs from the input job {job!r} was created with "
+                       "(fingerprint mismatch); use a new job name")
+    spec = old or JobSpec(name=job, total=total, batch_size=size, n_batches=n,
+                          input_path=str(input_path), input_fingerprint=fingerprint,
+                          sampling=sampling, bad_rows=len(report.bad_rows))
+    if old is None:
+        save_spec(store, spec)
+    report.spec = spec
+    jobstate.register_job(r, job, spec.model_dump_json())
+    reconcile(store, r, app, spec, report)
+    return report
+
+

@@ -1,0 +1,110 @@
+"""Terminal rendering for the producer CLI (rich tables, progress, the --watch loop)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from producer.enqueue import EnqueueReport
+
+
+@contextlib.contextmanager
+def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
+    """A progress line for staging: rows read and batches written."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("reading", total=None)
+
+        def on_batch(rows: int, batches: int) -> None:
+            progress.update(task, description=f"read {rows:,} rows, staged {batches:,} batches")
+
+        yield on_batch
+
+
+def enqueue_summary(console: Console, report: EnqueueReport) -> None:
+    """One paragraph on what enqueue did."""
+    s = report.spec
+    verb = "created" if report.created else "resumed"
+    console.print(
+        f"job {s.name} {verb}: {s.total:,} prompts in {s.n_batches:,} batches of {s.batch_size}; "
+        f"enqueued {report.enqueued}, already done {report.already_done}, "
+        f"already pending {report.already_pending}", soft_wrap=True)
+    if report.bad_rows:
+        console.print(f"quarantined {len(report.bad_rows)} bad rows (they are reported as "
+                      f"failed with their reason), first: {report.bad_rows[0]}", soft_wrap=True)
+
+
+def _fmt_eta(hours: float | None) -> str:
+    if hours is None:
+        return "unknown"
+    if hours < 1:
+        return f"{hours * 60:.1f} min"
+    return f"{hours:.2f} h"
+
+
+def status_table(st: dict[str, Any]) -> Group:
+    """The status view: a per-GPU table and a totals table."""
+    gpus = Table(title="workers", expand=False)
+    for col in ("node", "gpu", "engine", "profile", "batches", "tok/s", "restarts"):
+        gpus.add_column(col)
+    for w in st["workers"]:
+        gpus.add_row(w["node"], str(w["gpu"]), w["engine_state"], w["profile"],
+                     str(w["batches_running"]), f"{w['tokens_per_sec']:.0f}",
+                     str(w["engine_restarts"]))
+    tot = Table(title=f"job {st['job']}", show_header=False)
+    tot.add_column("k")
+    tot.add_column("v")
+    done_pct = 100 * (st["completed"] + st["failed"]) / max(st["total"], 1)
+    for k, v in (
+        ("progress", f"{st['completed'] + st['failed']:,}/{st['total']:,} ({done_pct:.1f} %)"),
+        ("completed / failed / truncated",
+         f"{st['completed']:,} / {st['failed']:,} / {st['truncated']:,}"),
+        ("batches done / running / queued",
+         f"{st['done_batches']} / {st['in_flight_batches']} / {st['queued_batches']}"),
+        ("requests/s", f"{st['rate_per_sec']:.2f}"),
+        ("output tokens/s", f"{st['tokens_per_sec']:,.0f}"),
+        ("ETA", "done" if st["done"] else _fmt_eta(st["eta_hours"])),
+        ("elapsed", f"{st['elapsed_s']:.0f} s"),
+    ):
+        tot.add_row(k, v)
+    return Group(gpus, tot)
+
+
+def verify_table(report: dict[str, Any]) -> Table:
+    """The verify report as a small table."""
+    table = Table(title=f"verify {report['job']}", show_header=False)
+    table.add_column("k")
+    table.add_column("v")
+    for k in ("expected", "rows", "unique", "duplicates", "missing", "failed", "truncated"):
+        table.add_row(k, f"{report[k]:,}")
+    table.add_row("ok", "yes" if report["ok"] else "NO")
+    return table
+
+
+def watch(console: Console, fetch: Callable[[], dict[str, Any]], interval_s: float,
+          as_json: bool) -> None:
+    """Redraw the status (or print one JSON line per tick) until the job is done."""
+    if as_json:
+        while True:
+            st = fetch()
+            sys.stdout.write(orjson.dumps(st).decode() + "\n")
+            sys.stdout.flush()
+            if st["done"]:
+                return
+            time.sleep(interval_s)
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            st = fetch()
+            live.update(status_table(st), refresh=True)
+            if st["done"]:
+                return
+            time.sleep(interval_s)

@@ -1,0 +1,60 @@
+"""Live job status from Redis: progress, rate, ETA and the per-GPU view of the fleet."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from workers import jobstate
+from workers.heartbeat import read_heartbeats
+from workers.jobs import JobSpec
+
+RATE_WINDOW_S = 60
+
+
+def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[float, float]:
+    """Rows/s and output tokens/s over the last RATE_WINDOW_S seconds."""
+    now = time.time()
+    first = jobstate.bucket(now - RATE_WINDOW_S)
+    buckets = list(range(first + jobstate.SERIES_BUCKET_S, jobstate.bucket(now) + 1,
+                         jobstate.SERIES_BUCKET_S))
+    pipe = r.pipeline()
+    pipe.hmget(keys.series_n, buckets)
+    pipe.hmget(keys.series_tok, buckets)
+    n_raw, tok_raw = pipe.execute()
+    rows = sum(int(v or 0) for v in n_raw)
+    tokens = sum(int(v or 0) for v in tok_raw)
+    span = min(now - buckets[0], max(now - started_at, 1e-3))
+    span = max(span, 1e-3)
+    return rows / span, tokens / span
+
+
+def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
+    """One JSON-able object with the job's progress (keys are a contract for scripts)."""
+    keys = jobstate.Keys(spec.name)
+    pipe = r.pipeline()
+    pipe.hget(keys.job, "started_at")
+    pipe.scard(keys.pending)
+    pipe.hlen(keys.running)
+    pipe.scard(keys.done)
+    started_raw, pending, running, done_batches = pipe.execute()
+    c = jobstate.counters(r, spec.name)
+    started_at = float(started_raw or time.time())
+    rate, tok_rate = _rates(r, keys, started_at)
+    finished = c["completed"] + c["failed"]
+    remaining = max(spec.total - finished, 0)
+    done = done_batches >= spec.n_batches and finished >= spec.total
+    eta_h = 0.0 if done else (remaining / rate / 3600 if rate > 0 else None)
+    return {
+        "job": spec.name, "total": spec.total, "completed": c["completed"],
+        "failed": c["failed"], "truncated": c["truncated"], "remaining": remaining,
+        "in_flight_batches": running, "queued_batches": max(pending - running, 0),
+        "done_batches": done_batches, "n_batches": spec.n_batches,
+        "output_tokens": c["output_tokens"],
+        "rate_per_sec": round(rate, 3), "tokens_per_sec": round(tok_rate, 1),
+        "eta_hours": None if eta_h is None else round(eta_h, 4),
+        "elapsed_s": round(time.time() - started_at, 1), "done": done,
+        "workers": read_heartbeats(r),
+    }

@@ -1,0 +1,114 @@
+"""Shared fixtures: a real redis-server per session, real worker processes per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from producer.localfleet import (
+    RedisServer,
+    WorkerProcess,
+    free_port_block,
+    start_redis,
+    start_worker,
+    wait_healthy,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on a free port for the whole session (fails, never skips)."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the session's Redis, flushed before each test."""
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def fleet_env(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
+    """Environment for producer and workers of one test: own store, ports and logs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update({
+        "FLEET_REDIS_URL": redis_server.url,
+        "FLEET_STORE_URL": (tmp_path / "store").as_uri(),
+        "FLEET_ENGINE": "sim",
+        "FLEET_PROFILE": "qwen36-27b",
+        "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),
+        "FLEET_LOG_DIR": str(tmp_path / "logs"),
+        "FLEET_SIM_SPEED": "10",
+        "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40",
+        "FLEET_SIM_STARTUP_S": "0.2",
+        "FLEET_SIM_SEED": "7",
+        "FLEET_ENGINE_HEALTH_INTERVAL_S": "0.5",
+        "FLEET_HEARTBEAT_INTERVAL_S": "1",
+        "PYTHONPATH": str(ROOT),
+    })
+    return env
+
+
+@pytest.fixture()
+def make_workers(fleet_env: dict[str, str], tmp_path: Path, r: redis.Redis
+                 ) -> Iterator[Callable[..., list[WorkerProcess]]]:
+    """Factory: start GPU workers (real celery processes), wait for healthy engines."""
+    started: list[WorkerProcess] = []
+
+    def make(gpus: list[int], wait: bool = True, **env: str) -> list[WorkerProcess]:
+        ws = [start_worker(g, {**fleet_env, **env}, tmp_path / "logs",
+                           node=f"gpu{g}@test{len(started) + i}", cwd=ROOT)
+              for i, g in enumerate(gpus)]
+        started.extend(ws)
+        if wait:
+            wait_healthy(r, ws, timeout_s=90)
+        return ws
+
+    yield make
+    for w in started:
+        w.stop(grace_s=20)
+
+
+def run_producer(env: dict[str, str], *args: str, timeout_s: float = 120
+                 ) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m producer ARGS`` as a user would."""
+    return subprocess.run([sys.executable, "-m", "producer", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def write_prompts(path: Path, n: int, start: int = 0) -> Path:
+    """A JSONL prompt file with ``n`` rows (plain prompts and chat messages mixed)."""
+    with path.open("wb") as fh:
+        for i in range(start, start + n):
+            row = ({"id": f"p{i}", "prompt": f"Question {i}: why is the sky blue?"} if i % 2
+                   else {"id": f"p{i}", "messages": [{"role": "user", "content": f"Hi {i}"}]})
+            fh.write(orjson.dumps(row) + b"\n")
+    return path
+
+
+def wait_done(env: dict[str, str], job: str, timeout_s: float = 180) -> dict:
+    """Poll ``status --json`` until the job is done; return the last status."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        res = run_producer(env, "status", "--job", job, "--json")
+        assert res.returncode == 0, res.stderr
+        st = orjson.loads(res.stdout)
+        if st["done"]:
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} not done after {timeout_s} s: {st}")

@@ -1,0 +1,178 @@
+"""HTTP client for one SGLang (or simulated) engine.
+
+Speaks SGLang's native ``/generate`` for plain prompts and ``/v1/chat/completions`` for chat
+messages, and reads the engine's effective running cap. httpx errors and status codes are
+translated here: 400 -> PromptRejected, connection errors / 5xx / timeouts -> EngineUnavailable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from workers.errors import EngineUnavailable, PromptRejected
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of a job (per-row overrides are merged in by the caller)."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    extra: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one request produced."""
+
+    text: str
+    reasoning: str | None
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+
+
+def _finish_reason(raw: Any) -> str:
+    """SGLang's native finish_reason is a dict ({"type": "length", ...}); OpenAI's a string."""
+    if isinstance(raw, dict):
+        return str(raw.get("type") or "unknown")
+    return str(raw) if raw else "unknown"
+
+
+def _generate_body(prompt: str, sampling: Sampling) -> dict[str, Any]:
+    params: dict[str, Any] = dict(sampling.extra or {})
+    if sampling.max_new_tokens is not None:
+        params["max_new_tokens"] = sampling.max_new_tokens
+    if sampling.temperature is not None:
+        params["temperature"] = sampling.temperature
+    if sampling.top_p is not None:
+        params["top_p"] = sampling.top_p
+    return {"text": prompt, "sampling_params": params}
+
+
+def _chat_body(messages: list[Any], sampling: Sampling) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": messages, **(sampling.extra or {})}
+    if sampling.max_new_tokens is not None:
+        body["max_tokens"] = sampling.max_new_tokens
+    if sampling.temperature is not None:
+        body["temperature"] = sampling.temperature
+    if sampling.top_p is not None:
+        body["top_p"] = sampling.top_p
+    return body
+
+
+def parse_generate(data: dict[str, Any], latency_s: float) -> Completion:
+    """Parse a native /generate response (``text`` + ``meta_info``)."""
+    meta = data.get("meta_info") or {}
+    return Completion(
+        text=data.get("text") or "",
+        reasoning=None,
+        finish_reason=_finish_reason(meta.get("finish_reason")),
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        completion_tokens=int(meta.get("completion_tokens") or 0),
+        latency_s=float(meta.get("e2e_latency") or latency_s),
+    )
+
+
+def parse_chat(data: dict[str, Any], latency_s: float) -> Completion:
+    """Parse an OpenAI chat completion (reasoning in ``message.reasoning_content``)."""
+    choice = (data.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    usage = data.get("usage") or {}
+    return Completion(
+        text=message.get("content") or "",
+        reasoning=message.get("reasoning_content"),
+        finish_reason=_finish_reason(choice.get("finish_reason")),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        latency_s=latency_s,
+    )
+
+
+def effective_cap(loads: dict[str, Any] | None, server_info: dict[str, Any] | None) -> int | None:
+    """The running cap the scheduler applies, not the CLI value (design-notes §6).
+
+    Order: ``/v1/loads`` ``loads[*].max_running_requests`` (summed over DP ranks), then
+    ``/server_info`` ``internal_states[*].effective_max_running_requests_per_dp``.
+    """
+    ranks = (loads or {}).get("loads") or []
+    caps = [r.get("max_running_requests") for r in ranks if r.get("max_running_requests")]
+    if caps:
+        return int(sum(caps))
+    states = (server_info or {}).get("internal_states") or []
+    caps = [s.get("effective_max_running_requests_per_dp") for s in states]
+    caps = [c for c in caps if c]
+    return int(sum(caps)) if caps else None
+
+
+class EngineClient:
+    """Async client for one engine; one instance per event loop."""
+
+    def __init__(self, base_url: str, timeout_s: float, max_connections: int) -> None:
+        self.base_url = base_url
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        start = time.monotonic()
+        try:
+            resp = await self._http.post(path, content=orjson.dumps(body),
+                                         headers={"content-type": "application/json"})
+        except httpx.TimeoutException as exc:
+            raise EngineUnavailable(f"request to {self.base_url}{path} timed out") from exc
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"{self.base_url}{path}: {type(exc).__name__}") from exc
+        if resp.status_code == 400 or resp.status_code == 422:
+            raise PromptRejected(f"engine rejected the prompt: {resp.text[:300]}")
+        if resp.status_code != 200:
+            raise EngineUnavailable(f"{self.base_url}{path}: HTTP {resp.status_code}")
+        return orjson.loads(resp.content), time.monotonic() - start
+
+    async def complete(
+        self, prompt: str | None, messages: list[Any] | None, sampling: Sampling
+    ) -> Completion:
+        """Generate one completion for a plain prompt or a chat conversation."""
+        if messages is not None:
+            data, latency = await self._post("/v1/chat/completions", _chat_body(messages, sampling))
+            return parse_chat(data, latency)
+        data, latency = await self._post("/generate", _generate_body(prompt or "", sampling))
+        return parse_generate(data, latency)
+
+    async def healthy(self) -> bool:
+        """One GET /health probe."""
+        try:
+            resp = await self._http.get("/health", timeout=20.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def _get_json(self, path: str) -> dict[str, Any] | None:
+        try:
+            resp = await self._http.get(path, timeout=10.0)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        return orjson.loads(resp.content)
+
+    async def running_cap(self) -> int | None:
+        """The engine's effective running cap (None when it cannot be read)."""
+        loads = await self._get_json("/v1/loads")
+        info = None if effective_cap(loads, None) else await self._get_json("/server_info")
+        return effective_cap(loads, info)

@@ -1,0 +1,147 @@
+"""What a GPU worker's main process runs beside Celery: its engine, a monitor, its heartbeat.
+
+Stop order (warm shutdown): Celery stops consuming and waits for running batches; then
+``worker_shutdown`` calls :meth:`WorkerRuntime.stop`, which stops renewing leases, stops the
+monitor, terminates the engine's process group and deletes the heartbeat. After a SIGKILL of
+the worker none of this runs: the engine guard's parent-death signal takes the engine down,
+the heartbeat key expires and the leases lapse.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from celery.worker import state as worker_state
+
+from config.launch_profile import LaunchProfile, load_profile
+from config.settings import Settings
+from workers import heartbeat, jobstate
+from workers.context import WorkerIdentity
+from workers.engine import Engine, EngineSpec
+from workers.errors import EngineStartFailed
+from workers.lease import LeaseKeeper
+from workers.retry import RetryPolicy, backoff_s
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """Owns one engine and keeps it healthy while the worker lives."""
+
+    def __init__(self, settings: Settings, me: WorkerIdentity, redis_client: redis.Redis,
+                 lease_index_key: str) -> None:
+        self.settings, self.me, self.redis = settings, me, redis_client
+        profile = load_profile(settings.profile)
+        self.engine = Engine(EngineSpec(
+            kind=settings.engine, profile=profile, gpu=me.gpu, host=settings.engine_host,
+            port=me.port, log_path=settings.log_dir / f"engine-gpu{me.gpu}.log",
+            stop_grace_s=settings.engine_stop_grace_s,
+        ))
+        self.lease = LeaseKeeper(redis_client, lease_index_key, settings.lease_renew_s)
+        self._stop = threading.Event()
+        self._relaunch: LaunchProfile | None = None
+        self._monitor = threading.Thread(target=self._watch, name="fleet-engine", daemon=True)
+        self._beat = threading.Thread(target=self._beat_loop, name="fleet-heartbeat", daemon=True)
+        self._failed_probes = 0
+        self._last_tokens: tuple[float, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"<WorkerRuntime {self.me.node} {self.engine!r}>"
+
+    def start(self) -> None:
+        """Start the engine and wait until it is healthy, then start the background threads."""
+        self.lease.start()
+        self.engine.start()
+        self._beat.start()
+        self.engine.wait_ready(self.settings.engine_start_timeout_s)
+        self._publish()
+        self._monitor.start()
+
+    def stop(self) -> None:
+        """Stop leases, monitor, engine and heartbeat (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.lease.stop()
+        self.engine.stop()
+        try:
+            self.redis.delete(heartbeat.heartbeat_key(self.me.node))
+        except redis.RedisError:
+            pass
+
+    def request_relaunch(self, profile: LaunchProfile) -> None:
+        """Ask the monitor to restart the engine with ``profile`` (tuner, remote control)."""
+        self._relaunch = profile
+
+    def _restart(self, reason: str, profile: LaunchProfile | None = None) -> None:
+        policy = RetryPolicy(max_attempts=1_000_000, base_s=2.0, max_s=60.0)
+        attempt = 0
+        while not self._stop.is_set():
+            attempt += 1
+            log.warning("restarting engine on GPU %d (%s), attempt %d", self.me.gpu, reason,
+                        attempt)
+            try:
+                self.engine.restart(self.settings.engine_start_timeout_s, profile)
+                self._failed_probes = 0
+                return
+            except EngineStartFailed as exc:
+                log.error("%s", exc)
+                self._stop.wait(backoff_s(attempt, policy))
+
+    def _check(self) -> None:
+        if self._relaunch is not None:
+            profile, self._relaunch = self._relaunch, None
+            self._restart(f"relaunch with profile {profile.name}", profile)
+        elif not self.engine.alive():
+            self._restart("engine process exited")
+        elif not self.engine.probe():
+            self._failed_probes += 1
+            if self._failed_probes >= self.settings.engine_unhealthy_after:
+                self._restart(f"{self._failed_probes} failed health probes")
+        else:
+            self._failed_probes = 0
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.settings.engine_health_interval_s):
+            self._check()
+
+    def _beat_loop(self) -> None:
+        # Its own thread: a restart that reloads a 54 GB model must not look like a dead worker.
+        while True:
+            try:
+                self._publish()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+            if self._stop.wait(self.settings.heartbeat_interval_s):
+                return
+
+    def _tokens_per_sec(self) -> tuple[int, float]:
+        raw = self.redis.hget(jobstate.node_stats_key(self.me.node), "output_tokens")
+        tokens, now = int(raw or 0), time.monotonic()
+        rate = 0.0
+        if self._last_tokens is not None and now > self._last_tokens[0]:
+            rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
+        self._last_tokens = (now, tokens)
+        return tokens, rate
+
+    def heartbeat_payload(self) -> dict[str, Any]:
+        """What this worker tells the fleet about itself."""
+        tokens, rate = self._tokens_per_sec()
+        return {
+            "node": self.me.node, "host": self.me.host, "gpu": self.me.gpu,
+            "port": self.me.port, "engine": self.settings.engine,
+            "engine_state": self.engine.state.value,
+            "engine_pid": self.engine.pid, "engine_restarts": self.engine.restarts,
+            "profile": self.engine.spec.profile.name,
+            "batches_running": len(worker_state.active_requests),
+            "output_tokens": tokens, "tokens_per_sec": round(rate, 1),
+            "updated_at": time.time(),
+        }
+
+    def _publish(self) -> None:
+        ttl = 2 * self.settings.heartbeat_interval_s + 1
+        heartbeat.publish(self.redis, self.me.node, self.heartbeat_payload(), ttl)

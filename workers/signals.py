@@ -1,0 +1,69 @@
+"""Celery wiring only: identity at worker_init, the engine bootstep, shutdown hooks.
+
+The engine starts in a worker bootstep that runs before the Consumer step (Celery starts the
+consumer last), and ``start`` blocks until the engine is healthy: nothing is consumed before
+the engine can serve it. The engine is stopped from ``worker_shutdown`` (after the pool has
+drained running batches), never from the step's ``stop`` (which runs before the pool drains).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+
+import redis
+from celery import bootsteps, signals
+
+from config.settings import load_settings
+from workers import context
+from workers.app import SHARED_QUEUE
+from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+_runtime: WorkerRuntime | None = None
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """The runtime of this worker's main process (None elsewhere)."""
+    return _runtime
+
+
+@signals.worker_init.connect
+def _on_worker_init(sender: object, **_: object) -> None:
+    """Work out the GPU from -Q gpuN / FLEET_GPU and also consume the shared queue."""
+    settings = load_settings()
+    queues = sender.app.amqp.queues  # type: ignore[attr-defined]
+    own = list(queues.consume_from or {})
+    gpu = context.gpu_from_queues(own, settings.gpu)
+    if f"gpu{gpu}" not in own:
+        queues.select_add(f"gpu{gpu}")
+    if SHARED_QUEUE not in own:
+        queues.select_add(SHARED_QUEUE)
+    me = context.set_identity(sender.hostname, gpu, settings.engine_port(gpu))  # type: ignore[attr-defined]
+    log.info("fleet worker %s: GPU %d, engine port %d, queues %s", me.node, me.gpu, me.port,
+             list(queues.consume_from))
+
+
+class EngineStep(bootsteps.StartStopStep):
+    """Start this worker's engine before any batch is consumed."""
+
+    requires = {"celery.worker.components:Pool"}
+
+    def start(self, worker: object) -> None:
+        """Launch the engine and wait for health (a model load can take minutes)."""
+        global _runtime
+        settings = load_settings()
+        opts = worker.app.conf.broker_transport_options or {}  # type: ignore[attr-defined]
+        client = redis.Redis.from_url(settings.redis_url.get_secret_value())
+        _runtime = WorkerRuntime(settings, context.identity(), client,
+                                 opts.get("unacked_index_key", "unacked_index"))
+        atexit.register(_runtime.stop)
+        _runtime.start()
+
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_: object) -> None:
+    if _runtime is not None:
+        _runtime.stop()

@@ -1,0 +1,204 @@
+"""The object store: one small interface, a local folder (default) and S3 through boto3.
+
+Keys are relative, ``/``-separated paths (``jobs/<job>/results/b000012.jsonl``). Writes are
+write-then-commit: a reader never sees half an object (a rename locally; S3 makes an object
+visible only when its upload completes). Errors from the OS or botocore become StoreError here.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+from config.settings import S3Settings
+from workers.errors import StoreError
+
+
+class ObjectMissing(StoreError):
+    """The key does not exist in the store."""
+
+
+class Store(Protocol):
+    """What the fleet needs from an object store."""
+
+    url: str
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write ``data`` under ``key`` atomically (replacing any old object)."""
+
+    def get(self, key: str) -> bytes:
+        """Read the object at ``key``; raise ObjectMissing when absent."""
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys under ``prefix``, in lexical order."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error when absent)."""
+
+
+class LocalStore:
+    """A folder on the local disk (``file:///abs/path``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"<LocalStore {self.root}>"
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise StoreError(f"key {key!r} escapes the store root")
+        return path
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write to a temporary file beside the target, fsync, then rename over it."""
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc}") from exc
+
+    def get(self, key: str) -> bytes:
+        """Read a whole object."""
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise ObjectMissing(key) from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        """Whether the object exists."""
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys under a folder-like prefix (temporary files excluded)."""
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return iter(())
+        keys = (
+            p.relative_to(self.root).as_posix()
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".tmp-")
+        )
+        return iter(sorted(keys))
+
+    def delete(self, key: str) -> None:
+        """Remove an object if present."""
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Store:
+    """An S3 bucket and prefix (``s3://bucket/prefix``) through boto3's managed transfers."""
+
+    def __init__(self, bucket: str, prefix: str, s3: S3Settings) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._client = boto3.client(
+            "s3",
+            endpoint_url=s3.endpoint_url,
+            region_name=s3.region,
+            config=Config(retries={"max_attempts": 10, "mode": "adaptive"}),
+        )
+        self._transfer = TransferConfig(multipart_threshold=64 * 2**20)
+
+    def __repr__(self) -> str:
+        return f"<S3Store {self.url}>"
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes) -> None:
+        """Upload (multipart above 64 MiB); the object appears only when complete."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.upload_fileobj(
+                io.BytesIO(data), self.bucket, self._key(key), Config=self._transfer
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreError(f"cannot write s3://{self.bucket}/{self._key(key)}: {exc}") from exc
+
+    def get(self, key: str) -> bytes:
+        """Download a whole object."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            obj = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return obj["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectMissing(key) from exc
+            raise StoreError(f"cannot read {key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"cannot read {key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        """Whether the object exists (HEAD)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise StoreError(f"cannot stat {key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"cannot stat {key}: {exc}") from exc
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys under ``prefix``, paginated."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix)
+            )
+            keys = [o["Key"][strip:] for page in pages for o in page.get("Contents", [])]
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreError(f"cannot list {prefix}: {exc}") from exc
+        return iter(sorted(keys))
+
+    def delete(self, key: str) -> None:
+        """Delete an object."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreError(f"cannot delete {key}: {exc}") from exc
+
+
+def open_store(url: str, s3: S3Settings | None = None) -> Store:
+    """Open the store named by ``url`` (``file:///path`` or ``s3://bucket/prefix``)."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        root = Path(unquote(parsed.netloc + parsed.path))
+        return LocalStore(root if root.is_absolute() else Path.cwd() / root)
+    if parsed.scheme == "s3":
+        return S3Store(parsed.netloc, parsed.path, s3 or S3Settings())
+    if not parsed.scheme:
+        return LocalStore(Path(url).resolve())
+    raise StoreError(f"unsupported store URL {url!r} (use file:///path or s3://bucket/prefix)")
