@@ -69,8 +69,10 @@ class Settings(BaseSettings):
     # A 54 GB model load takes minutes: this bounds start-up, it is not a hang detector.
     engine_start_timeout_s: float = 1800.0
     engine_health_interval_s: float = 2.0
-    # Consecutive failed health probes before the engine is restarted.
+    # Consecutive failed health probes before the engine is restarted; SGLang's own health
+    # generation gives up after 20 s (SGLANG_HEALTH_CHECK_TIMEOUT).
     engine_unhealthy_after: int = 3
+    engine_probe_timeout_s: float = 20.0
     # No token progress for this long while requests are running means the engine hangs.
     engine_stall_timeout_s: float = 300.0
     engine_stop_grace_s: float = 30.0
@@ -91,6 +93,8 @@ class Settings(BaseSettings):
     retry_max_s: float = 30.0
     # How long a batch waits for its engine to come back before handing the batch back.
     engine_wait_s: float = 900.0
+    # A prompt in flight at this many engine crashes is quarantined as poison.
+    poison_crashes: int = 3
 
     # --- delivery ---------------------------------------------------------------------------
     # The lease: a live worker renews its batches every lease_renew_s; a dead one's come back

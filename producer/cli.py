@@ -127,6 +127,26 @@ def verify(
         raise typer.Exit(RET_FAILED)
 
 
+@cli.command("requeue-failed")
+@friendly_errors
+def requeue_failed_cmd(
+    job: str = typer.Option(..., "--job", help="Job name"),
+    truncated: bool = typer.Option(False, "--truncated",
+                                   help="Redo rows cut at max_new_tokens, not failed ones"),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
+                                       help="New token cap for the requeued prompts"),
+) -> None:
+    """Send quarantined (or, with --truncated, length-capped) prompts back to the GPUs."""
+    from producer.requeue import requeue_failed
+    from workers import app
+
+    settings = load_settings()
+    store, r = _open(settings)
+    report = requeue_failed(store, r, app, load_spec(store, job), truncated, max_new_tokens)
+    kind = "truncated" if truncated else "failed"
+    err.print(f"requeued {report.rows} {kind} prompts in {report.batches} batches of job {job}")
+
+
 def main() -> None:
     """Entry point of ``python -m producer``."""
     try:

@@ -1,8 +1,13 @@
 """Run one batch against the local engine: concurrent requests, durable progress, results.
 
 Prompts already answered (the batch's progress hash in Redis) are not sent again, so a
-redelivered batch or a restarted engine only costs the prompts that were in flight. Per-prompt
-errors become failed rows with a reason; an engine that stays down hands the batch back.
+redelivered batch or a restarted engine only costs the prompts that were in flight.
+Per-prompt errors become failed rows with a reason; an engine that stays down hands the batch
+back to the queue.
+
+Poison prompts: prompts in flight when the engine crashes are set aside as suspects and, once
+the rest of the batch is done, re-sent in halving groups. Only a crash while a suspect runs
+alone counts against it again; at ``poison_crashes`` crashes it is quarantined.
 """
 
 from __future__ import annotations
@@ -11,110 +16,69 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
 
-from config.settings import Settings
 from workers import jobstate
-from workers.context import WorkerIdentity
+from workers.crashes import CrashTracker
 from workers.engine_client import Completion, EngineClient, Sampling
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
 from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
+from workers.progress import BatchEnv, ProgressRecorder, result_row
 from workers.retry import RetryPolicy, backoff_s
-from workers.store import Store
+from workers.store import ObjectMissing
 
 log = logging.getLogger(__name__)
 
-FLUSH_INTERVAL_S = 0.5
+STORE_POLICY = RetryPolicy(max_attempts=10, base_s=1.0, max_s=30.0)
+SAMPLING_KEYS = ("max_tokens", "max_new_tokens", "temperature", "top_p")
+T = TypeVar("T")
 
 
 class EngineDown(EngineError):
     """The engine did not come back within the wait: the batch goes back to the queue."""
 
 
-@dataclass
-class BatchEnv:
-    """What a batch run needs from its worker."""
-
-    settings: Settings
-    me: WorkerIdentity
-    store: Store
-    redis: aioredis.Redis
-    profile: str
-
-
-def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
-               done: Completion | None, error: str | None) -> dict[str, Any]:
-    """The stored form of one prompt's outcome."""
-    return {
-        "job": spec.name, "batch": batch, "index": row.index, "id": row.id,
-        "prompt": row.prompt, "messages": row.messages,
-        "completion": done.text if done else None,
-        "reasoning": done.reasoning if done else None,
-        "finish_reason": done.finish_reason if done else None,
-        "prompt_tokens": done.prompt_tokens if done else 0,
-        "completion_tokens": done.completion_tokens if done else 0,
-        "latency_s": round(done.latency_s, 4) if done else None,
-        "status": "ok" if done else "failed", "error": error,
-        "profile": env.profile, "gpu": env.me.gpu, "node": env.me.node,
-    }
+async def with_store_retry(op: Callable[[], T], what: str) -> T:
+    """Run a blocking store call in a thread, retrying StoreError with backoff (~2.5 min)."""
+    for attempt in range(1, STORE_POLICY.max_attempts + 1):
+        try:
+            return await asyncio.to_thread(op)
+        except ObjectMissing:
+            raise
+        except StoreError as exc:
+            if attempt == STORE_POLICY.max_attempts:
+                raise
+            delay = backoff_s(attempt, STORE_POLICY)
+            log.warning("store access to %s failed (%s); retry in %.1f s", what, exc, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
 
 
-def row_kind(result: dict[str, Any]) -> str:
-    """Counter bucket of a result row: ok, truncated or failed."""
-    if result["status"] == "failed":
-        return "failed"
-    return "truncated" if result["finish_reason"] == "length" else "ok"
-
-
-class ProgressRecorder:
-    """Buffers finished rows and writes them to the batch's progress hash in one Lua call."""
-
-    def __init__(self, env: BatchEnv, job: str, batch: int) -> None:
-        self._env, self._batch = env, batch
-        self._keys = jobstate.Keys(job)
-        self._buf: list[tuple[int, bytes, str, int]] = []
-        self._script = env.redis.register_script(jobstate.RECORD_ROWS)
-
-    def add(self, result: dict[str, Any]) -> None:
-        """Queue one finished row for the next flush."""
-        self._buf.append(
-            (result["index"], orjson.dumps(result), row_kind(result), result["completion_tokens"])
-        )
-
-    async def flush(self) -> None:
-        """Write buffered rows (counted once each, whatever happens to the batch later)."""
-        if not self._buf:
-            return
-        rows, self._buf = self._buf, []
-        k = self._keys
-        await self._script(
-            keys=[k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
-                  jobstate.node_stats_key(self._env.me.node)],
-            args=jobstate.record_args(self._batch, self._env.me.node, rows),
-        )
-
-    async def run_flusher(self) -> None:
-        """Flush every FLUSH_INTERVAL_S until cancelled."""
-        while True:
-            await asyncio.sleep(FLUSH_INTERVAL_S)
-            await self.flush()
-
-
-async def gather_or_cancel(aws: list[Awaitable[None]]) -> None:
+async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
     """Run all; on the first exception cancel the others and re-raise it."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     try:
-        await asyncio.gather(*tasks)
+        return list(await asyncio.gather(*tasks))
     except BaseException:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
+    """Job sampling parameters with the row's own overrides (OpenAI-batch bodies) on top."""
+    js, p = spec.sampling, row.params
+    extra = {k: v for k, v in p.items() if k not in SAMPLING_KEYS}
+    return Sampling(
+        max_new_tokens=p.get("max_tokens", p.get("max_new_tokens", js.max_new_tokens)),
+        temperature=p.get("temperature", js.temperature),
+        top_p=p.get("top_p", js.top_p),
+        extra=extra or None,
+    )
 
 
 class BatchRunner:
@@ -125,76 +89,125 @@ class BatchRunner:
         self.env, self.spec, self.batch, self.rows = env, spec, batch, rows
         self.policy = RetryPolicy(s.retry_max_attempts, s.retry_base_s, s.retry_max_s)
         self.recorder = ProgressRecorder(env, spec.name, batch)
-        self.client: EngineClient | None = None
-        self._engine_wait: asyncio.Task[None] | None = None
+        self.crashes = CrashTracker(env.redis, spec.name, env.me.node, s.poison_crashes)
+        self.client = EngineClient(f"http://{s.engine_host}:{env.me.port}",
+                                   s.request_timeout_s, 1024)
+        self.in_flight: set[int] = set()
+        self._engine_wait: asyncio.Task[bool] | None = None
+        self._crash_restarts = 0
+        self._blame_all = True  # in isolation only a lone suspect is blamed for a crash
         self.sent = 0
 
     def __repr__(self) -> str:
         return f"<BatchRunner {self.spec.name}/{self.batch} rows={len(self.rows)} sent={self.sent}>"
 
-    async def _concurrency(self, client: EngineClient) -> int:
+    # --- the engine going away ---------------------------------------------------------
+    async def _poll_engine(self) -> bool:
+        """Wait until healthy; True if the engine crashed (and was restarted) meanwhile."""
+        suspects = sorted(self.in_flight)
+        end = time.monotonic() + self.env.settings.engine_wait_s
+        while not await self.client.healthy():
+            if time.monotonic() > end:
+                raise EngineDown(f"engine on GPU {self.env.me.gpu} down for "
+                                 f"{self.env.settings.engine_wait_s:.0f} s")
+            await asyncio.sleep(1.0)
+        restarts = await self.crashes.crash_restarts()
+        crashed, self._crash_restarts = restarts > self._crash_restarts, restarts
+        if crashed and (self._blame_all or len(suspects) == 1):
+            await self.crashes.add(suspects)
+        if crashed:
+            log.warning("engine on GPU %d crashed with %d prompts of batch %d in flight",
+                        self.env.me.gpu, len(suspects), self.batch)
+        return crashed
+
+    async def _wait_for_engine(self) -> bool:
+        """Shared by all requests of this batch: wait for /health; True after a crash."""
+        if self._engine_wait is None or self._engine_wait.done():
+            self._engine_wait = asyncio.ensure_future(self._poll_engine())
+        return await asyncio.shield(self._engine_wait)
+
+    # --- one prompt ---------------------------------------------------------------------
+    async def _attempt(self, row: PromptRow) -> Completion | str | EngineUnavailable:
+        """A completion, a rejection reason (quarantine), or the engine error to handle."""
+        self.sent += 1
+        try:
+            return await self.client.complete(row.prompt, row.messages,
+                                              sampling_for(self.spec, row))
+        except PromptRejected as exc:
+            return str(exc)
+        except EngineUnavailable as exc:
+            return exc
+
+    async def _one(self, row: PromptRow, sem: asyncio.Semaphore) -> bool:
+        """Send one prompt until it has an outcome; False if a crash made it a suspect."""
+        async with sem:
+            self.in_flight.add(row.index)
+            try:
+                return await self._until_outcome(row)
+            finally:
+                self.in_flight.discard(row.index)
+
+    async def _until_outcome(self, row: PromptRow) -> bool:
+        attempt = 0
+        while True:
+            got = await self._attempt(row)
+            if isinstance(got, Completion | str):
+                self._record(row, got if isinstance(got, Completion) else None,
+                             got if isinstance(got, str) else None)
+                return True
+            if not await self.client.healthy():
+                if await self._wait_for_engine():
+                    return False
+                continue
+            attempt += 1
+            if attempt >= self.policy.max_attempts:
+                self._record(row, None, f"gave up after {attempt} attempts: {got}")
+                return True
+            await asyncio.sleep(backoff_s(attempt, self.policy))
+
+    def _record(self, row: PromptRow, done: Completion | None, error: str | None) -> None:
+        self.recorder.add(result_row(self.spec, self.batch, row, self.env, done, error))
+
+    # --- phases -------------------------------------------------------------------------
+    async def _concurrency(self) -> int:
         s = self.env.settings
         if s.client_concurrency:
             return s.client_concurrency
         await self._wait_for_engine()
-        cap = await client.running_cap() or 64
+        cap = await self.client.running_cap() or 64
         return math.ceil(cap * s.client_headroom) + 1
 
-    async def _poll_engine(self, deadline_s: float) -> None:
-        assert self.client is not None
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if await self.client.healthy():
-                return
-            await asyncio.sleep(1.0)
-        raise EngineDown(f"engine on GPU {self.env.me.gpu} down for {deadline_s:.0f} s")
+    async def _send(self, rows: list[PromptRow], concurrency: int) -> list[PromptRow]:
+        """Send rows at ``concurrency``; return those set aside by a crash."""
+        sem = asyncio.Semaphore(concurrency)
+        outcomes = await gather_or_cancel([self._one(row, sem) for row in rows])
+        return [row for row, ok in zip(rows, outcomes, strict=True) if not ok]
 
-    async def _wait_for_engine(self) -> None:
-        """Wait (shared by all requests) until the engine answers /health again."""
-        if self._engine_wait is None or self._engine_wait.done():
-            self._engine_wait = asyncio.ensure_future(
-                self._poll_engine(self.env.settings.engine_wait_s)
-            )
-        await asyncio.shield(self._engine_wait)
+    async def _quarantine_poisoned(self, rows: list[PromptRow]) -> list[PromptRow]:
+        counts = await self.crashes.counts([r.index for r in rows])
+        keep = []
+        for row in rows:
+            if counts[row.index] >= self.crashes.threshold:
+                self._record(row, None, f"poison prompt: the engine crashed {counts[row.index]} "
+                                        "times while it was in flight")
+            else:
+                keep.append(row)
+        return keep
 
-    def _sampling(self, row: PromptRow) -> Sampling:
-        js = self.spec.sampling
-        extra = {k: v for k, v in row.params.items()
-                 if k not in ("max_tokens", "max_new_tokens", "temperature", "top_p")}
-        return Sampling(
-            max_new_tokens=row.params.get("max_tokens", row.params.get("max_new_tokens",
-                                                                       js.max_new_tokens)),
-            temperature=row.params.get("temperature", js.temperature),
-            top_p=row.params.get("top_p", js.top_p),
-            extra=extra or None,
-        )
-
-    async def _one(self, row: PromptRow, sem: asyncio.Semaphore) -> None:
-        assert self.client is not None
-        async with sem:
-            attempt = 0
-            while True:
-                try:
-                    self.sent += 1
-                    done = await self.client.complete(row.prompt, row.messages, self._sampling(row))
-                except PromptRejected as exc:
-                    self._record(row, None, str(exc))
-                    return
-                except EngineUnavailable as exc:
-                    attempt += 1
-                    if await self.client.healthy():
-                        if attempt >= self.policy.max_attempts:
-                            self._record(row, None, f"gave up after {attempt} attempts: {exc}")
-                            return
-                        await asyncio.sleep(backoff_s(attempt, self.policy))
-                    else:
-                        await self._wait_for_engine()
-                    continue
-                self._record(row, done, None)
-                return
-
-    def _record(self, row: PromptRow, done: Completion | None, error: str | None) -> None:
-        self.recorder.add(result_row(self.spec, self.batch, row, self.env, done, error))
+    async def _isolate(self, suspects: list[PromptRow]) -> None:
+        """Bisect suspects: send a group; if the engine crashes again, split what is left."""
+        self._blame_all = False
+        groups = [suspects] if suspects else []
+        while groups:
+            group = await self._quarantine_poisoned(groups.pop())
+            if not group:
+                continue
+            left = await self._send(group, len(group))
+            await self.recorder.flush()
+            if len(left) > 1:
+                groups += [left[len(left) // 2:], left[: len(left) // 2]]
+            elif left:
+                groups.append(left)
 
     async def _pending_rows(self) -> list[PromptRow]:
         keys = jobstate.Keys(self.spec.name)
@@ -207,47 +220,53 @@ class BatchRunner:
                 self._record(row, None, row.error)
             else:
                 todo.append(row)
+        await self.recorder.flush()
         return todo
 
     async def _generate(self, todo: list[PromptRow]) -> None:
-        s = self.env.settings
-        self.client = EngineClient(
-            f"http://{s.engine_host}:{self.env.me.port}", s.request_timeout_s, 1024
-        )
+        self._crash_restarts = await self.crashes.crash_restarts()
+        counts = await self.crashes.counts([r.index for r in todo])
+        fresh = [r for r in todo if counts[r.index] == 0]
+        suspects = [r for r in todo if counts[r.index] > 0]
         flusher = asyncio.ensure_future(self.recorder.run_flusher())
         try:
-            sem = asyncio.Semaphore(await self._concurrency(self.client))
-            await gather_or_cancel([self._one(row, sem) for row in todo])
+            if fresh:
+                suspects += await self._send(fresh, await self._concurrency())
+            await self._isolate(suspects)
         finally:
             flusher.cancel()
             await self.recorder.flush()
-            await self.client.aclose()
 
     async def run(self) -> dict[str, Any]:
         """Generate every missing row, then write the batch's results; returns a summary."""
         t0 = time.monotonic()
         keys = jobstate.Keys(self.spec.name)
         await self.env.redis.hset(keys.running, self.batch, self.env.me.node)
-        # Rows lost from Redis mid-batch (a restart) show up as missing again: run them too.
-        for _ in range(3):
-            todo = await self._pending_rows()
-            await self.recorder.flush()
-            if not todo:
-                break
-            await self._generate(todo)
+        try:
+            # Rows lost from Redis mid-batch (a restart) show up as missing again: run them too.
+            for _ in range(3):
+                todo = await self._pending_rows()
+                if not todo:
+                    break
+                await self._generate(todo)
+        finally:
+            await self.client.aclose()
         rows = await self._collect()
         await self._write_results(rows)
         await self.env.redis.register_script(jobstate.FINISH_BATCH)(
             keys=[keys.done, keys.pending, keys.running, keys.progress(self.batch)],
             args=[self.batch],
         )
+        return self._summary(rows, time.monotonic() - t0)
+
+    def _summary(self, rows: list[dict[str, Any]], secs: float) -> dict[str, Any]:
         tokens = sum(r["completion_tokens"] for r in rows)
-        secs = time.monotonic() - t0
+        failed = sum(r["status"] == "failed" for r in rows)
         log.info("batch %s/%d gpu=%d prompts=%d sent=%d failed=%d tokens=%d secs=%.1f tok/s=%.0f",
-                 self.spec.name, self.batch, self.env.me.gpu, len(rows), self.sent,
-                 sum(r["status"] == "failed" for r in rows), tokens, secs, tokens / max(secs, 1e-9))
+                 self.spec.name, self.batch, self.env.me.gpu, len(rows), self.sent, failed,
+                 tokens, secs, tokens / max(secs, 1e-9))
         return {"job": self.spec.name, "batch": self.batch, "rows": len(rows), "sent": self.sent,
-                "output_tokens": tokens, "seconds": round(secs, 3)}
+                "failed": failed, "output_tokens": tokens, "seconds": round(secs, 3)}
 
     async def _collect(self) -> list[dict[str, Any]]:
         raw = await self.env.redis.hgetall(jobstate.Keys(self.spec.name).progress(self.batch))
@@ -255,21 +274,11 @@ class BatchRunner:
         expected = [r.index for r in self.rows]
         if [r["index"] for r in rows] != expected:
             missing = sorted(set(expected) - {r["index"] for r in rows})
-            raise StoreError(f"batch {self.batch} progress lost rows {missing[:10]}; retrying")
+            raise StoreError(f"batch {self.batch} progress lost rows {missing[:10]}")
         return rows
 
     async def _write_results(self, rows: list[dict[str, Any]]) -> None:
-        """Write the batch's results, retrying a failing store with backoff."""
+        """Write the batch's results (retrying a failing store); only then is it acked."""
         data = encode_rows(rows, compress=False)
         key = result_key(self.spec.name, self.batch)
-        policy = RetryPolicy(max_attempts=10, base_s=1.0, max_s=30.0)
-        for attempt in range(1, policy.max_attempts + 1):
-            try:
-                await asyncio.to_thread(self.env.store.put, key, data)
-                return
-            except StoreError as exc:
-                if attempt == policy.max_attempts:
-                    raise
-                delay = backoff_s(attempt, policy)
-                log.warning("store write of %s failed (%s); retry in %.1f s", key, exc, delay)
-                await asyncio.sleep(delay)
+        await with_store_retry(lambda: self.env.store.put(key, data), key)

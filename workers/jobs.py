@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from workers.errors import JobError, StoreError
+from workers.errors import JobError
 from workers.store import ObjectMissing, Store
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -131,5 +131,5 @@ def load_batch_input(store: Store, job: str, batch: int) -> list[PromptRow]:
     try:
         raw = store.get(input_key(job, batch))
     except ObjectMissing as exc:
-        raise StoreError(f"staged input of {job} batch {batch} is missing") from exc
+        raise JobError(f"staged input of {job} batch {batch} is missing") from exc
     return [PromptRow.model_validate(r) for r in decode_rows(raw)]

@@ -25,6 +25,7 @@ from workers.engine import Engine, EngineSpec
 from workers.errors import EngineStartFailed
 from workers.lease import LeaseKeeper
 from workers.retry import RetryPolicy, backoff_s
+from workers.stall import StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class WorkerRuntime:
         self._beat = threading.Thread(target=self._beat_loop, name="fleet-heartbeat", daemon=True)
         self._failed_probes = 0
         self._last_tokens: tuple[float, int] | None = None
+        self.stall = StallWatch(settings.engine_stall_timeout_s)
 
     def __repr__(self) -> str:
         return f"<WorkerRuntime {self.me.node} {self.engine!r}>"
@@ -79,6 +81,10 @@ class WorkerRuntime:
 
     def _restart(self, reason: str, profile: LaunchProfile | None = None) -> None:
         policy = RetryPolicy(max_attempts=1_000_000, base_s=2.0, max_s=60.0)
+        if profile is None:
+            # Batches read this to tell a crash (blame the prompts in flight) from a relaunch.
+            self.redis.hincrby(jobstate.node_stats_key(self.me.node), "crash_restarts", 1)
+        self.stall.reset()
         attempt = 0
         while not self._stop.is_set():
             attempt += 1
@@ -98,7 +104,9 @@ class WorkerRuntime:
             self._restart(f"relaunch with profile {profile.name}", profile)
         elif not self.engine.alive():
             self._restart("engine process exited")
-        elif not self.engine.probe():
+        elif self.stall.stalled(self.engine.spec.base_url):
+            self._restart(f"no token progress for {self.settings.engine_stall_timeout_s:.0f} s")
+        elif not self.engine.probe(self.settings.engine_probe_timeout_s):
             self._failed_probes += 1
             if self._failed_probes >= self.settings.engine_unhealthy_after:
                 self._restart(f"{self._failed_probes} failed health probes")

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from typing import Any
 
+import orjson
+import redis
 import redis.asyncio as aioredis
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import Reject
 
 from config.settings import Settings, load_settings
 from workers import jobstate
-from workers.batch_runner import BatchEnv, BatchRunner, EngineDown
+from workers.batch_runner import BatchRunner, EngineDown, with_store_retry
 from workers.context import identity
+from workers.errors import JobError
 from workers.heartbeat import heartbeat_key
 from workers.jobs import load_batch_input, load_spec, result_key
+from workers.progress import BatchEnv
 from workers.store import Store, open_store
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -25,39 +32,59 @@ def _settings_and_store() -> tuple[Settings, Store]:
     return settings, open_store(settings.store_url, settings.s3)
 
 
+def _profile_name(beat: bytes | None, default: str) -> str:
+    return str(orjson.loads(beat).get("profile", default)) if beat else default
+
+
 async def _run(job: str, batch: int) -> dict[str, Any]:
     settings, store = _settings_and_store()
     me = identity()
     r = aioredis.from_url(settings.redis_url.get_secret_value())
+    keys = jobstate.Keys(job)
     try:
-        if await r.sismember(jobstate.Keys(job).done, batch):
+        if await r.sismember(keys.done, batch):
             return {"job": job, "batch": batch, "skipped": "already done"}
-        spec = await asyncio.to_thread(load_spec, store, job)
-        if await asyncio.to_thread(store.exists, result_key(job, batch)):
+        spec = await with_store_retry(lambda: load_spec(store, job), f"job {job}")
+        if await with_store_retry(lambda: store.exists(result_key(job, batch)), "result"):
             # Results are durable but Redis lost the "done" mark (a restart): just record it.
-            await r.sadd(jobstate.Keys(job).done, batch)
-            await r.srem(jobstate.Keys(job).pending, batch)
+            await r.sadd(keys.done, batch)
+            await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": "results already stored"}
-        rows = await asyncio.to_thread(load_batch_input, store, job, batch)
-        beat = await r.get(heartbeat_key(me.node))
-        profile = _profile_name(beat, settings.profile)
+        rows = await with_store_retry(lambda: load_batch_input(store, job, batch), "input")
+        profile = _profile_name(await r.get(heartbeat_key(me.node)), settings.profile)
         env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile)
         return await BatchRunner(env, spec, batch, rows).run()
     finally:
         await r.aclose()
 
 
-def _profile_name(beat: bytes | None, default: str) -> str:
-    import orjson
+class BatchTask(Task):
+    """Keeps Redis's view of the job right when a batch fails for good."""
 
-    return str(orjson.loads(beat).get("profile", default)) if beat else default
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                   einfo: Any) -> None:
+        """A failed batch is no longer pending, so ``enqueue`` (reconcile) will resend it."""
+        job, batch = args[0], args[1]
+        log.error("batch %s/%s failed for good: %s; re-run enqueue to resend it", job, batch, exc)
+        settings, _ = _settings_and_store()
+        keys = jobstate.Keys(job)
+        client = redis.Redis.from_url(settings.redis_url.get_secret_value())
+        try:
+            client.srem(keys.pending, batch)
+            client.hdel(keys.running, batch)
+        finally:
+            client.close()
 
 
-@shared_task(name="fleet.run_batch", bind=True)
-def run_batch(self: Any, job: str, batch: int) -> dict[str, Any]:
+@shared_task(name="fleet.run_batch", bind=True, base=BatchTask, max_retries=3)
+def run_batch(self: Task, job: str, batch: int) -> dict[str, Any]:
     """Generate every prompt of ``batch`` of ``job`` and store the results."""
     try:
         return asyncio.run(_run(job, batch))
     except EngineDown as exc:
         # Another GPU can take it: back of the queue, not a failure.
         raise Reject(str(exc), requeue=True) from exc
+    except JobError:
+        raise
+    except Exception as exc:  # anything else: a few spaced retries, then on_failure
+        raise self.retry(exc=exc, countdown=10) from exc

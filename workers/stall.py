@@ -1,0 +1,57 @@
+"""Detect an engine that hangs: requests running, yet no token produced for a long time.
+
+A hung scheduler may still answer ``/health`` slowly or not at all; the direct evidence is the
+engine's own decode counter (``sglang:realtime_tokens_total{mode="decode"}``, bumped every
+step, facts/sglang.md §2) standing still while ``sglang:num_running_reqs`` is above zero.
+Engines started without ``--enable-metrics`` are never judged stalled (no evidence).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from workers.tune.engine_metrics import parse_metrics
+
+
+def token_progress(base_url: str) -> tuple[float, float] | None:
+    """(running requests, decode tokens so far) from /metrics, or None if unreadable."""
+    try:
+        resp = httpx.get(f"{base_url}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    m = parse_metrics(resp.text)
+    running = m.total("num_running_reqs")
+    tokens = m.total("realtime_tokens_total", mode="decode")
+    if tokens is None:
+        tokens = m.total("generation_tokens_total")
+    if running is None or tokens is None:
+        return None
+    return running, tokens
+
+
+class StallWatch:
+    """Remembers when the decode counter last moved while requests were running."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._last: tuple[float, float] | None = None  # (monotonic time, tokens)
+
+    def reset(self) -> None:
+        """Forget the history (after a restart)."""
+        self._last = None
+
+    def stalled(self, base_url: str) -> bool:
+        """True once running > 0 and the token counter has not moved for ``timeout_s``."""
+        progress = token_progress(base_url)
+        now = time.monotonic()
+        if progress is None:
+            return False
+        running, tokens = progress
+        if running == 0 or self._last is None or tokens != self._last[1]:
+            self._last = (now, tokens)
+            return False
+        return now - self._last[0] > self.timeout_s
