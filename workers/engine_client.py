@@ -48,8 +48,9 @@ def _finish_reason(raw: Any) -> str:
 
 def _generate_body(prompt: str, sampling: Sampling) -> dict[str, Any]:
     params: dict[str, Any] = dict(sampling.extra or {})
-    if sampling.max_new_tokens is not None:
-        params["max_new_tokens"] = sampling.max_new_tokens
+    # Always sent: SGLang's /generate defaults to 128 tokens, while null means "up to the
+    # context", which is what chat requests get when max_tokens is unset.
+    params["max_new_tokens"] = sampling.max_new_tokens
     if sampling.temperature is not None:
         params["temperature"] = sampling.temperature
     if sampling.top_p is not None:

@@ -24,13 +24,14 @@ def held_delivery_tags() -> list[str]:
     """Delivery tags of every message this worker has reserved (running or about to)."""
     for _ in range(5):
         try:
-            requests = list(worker_state.reserved_requests)
+            requests = list(worker_state.requests.values())
             break
-        except RuntimeError:  # the WeakSet changed while we copied it; try again
+        except RuntimeError:  # the dict changed while we copied it; try again
             continue
     else:
         return []
-    tags = [r.delivery_info.get("delivery_tag") for r in requests if r.delivery_info]
+    # Request.delivery_info drops the tag; the kombu message keeps it.
+    tags = [getattr(r.message, "delivery_tag", None) for r in requests]
     return [t for t in tags if t]
 
 

@@ -1,0 +1,175 @@
+"""Nothing lost, nothing doubled: redelivery, leases, engine crashes, poison prompts, Redis loss."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from producer.localfleet import start_redis
+from tests.conftest import run_producer, wait_done, write_prompts
+
+
+def _rows(env: dict[str, str], job: str) -> list[dict]:
+    store = Path(env["FLEET_STORE_URL"].removeprefix("file://"))
+    return [orjson.loads(x) for f in sorted((store / f"jobs/{job}/results").glob("*.jsonl"))
+            for x in f.read_bytes().splitlines()]
+
+
+def _verify(env: dict[str, str], job: str) -> dict:
+    res = run_producer(env, "verify", "--job", job, "--json")
+    return orjson.loads(res.stdout)
+
+
+def _engine_requests(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sglang:num_requests_total"))
+
+
+def _wait_for(pred, timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not pred():
+        assert time.monotonic() - start < timeout_s, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_batch_of_sigkilled_worker_returns_within_60s_and_keeps_progress(
+        fleet_env, make_workers, tmp_path, r):
+    (a,) = make_workers([0], FLEET_SIM_SPEED="1", FLEET_SIM_MEAN_OUTPUT_TOKENS="60")
+    src = write_prompts(tmp_path / "p.jsonl", 200)
+    assert run_producer(fleet_env, "enqueue", str(src), "--job", "kill", "--batch-size",
+                        "200").returncode == 0
+    _wait_for(lambda: int(r.hget("fleet:job:kill:stats", "completed") or 0) >= 30, 60,
+              "progress before the kill")
+    a.kill()
+    killed_at = time.monotonic()
+    (b,) = make_workers([1], FLEET_SIM_SPEED="10", FLEET_SIM_MEAN_OUTPUT_TOKENS="60")
+    _wait_for(lambda: r.hget("fleet:job:kill:running", "0") == b.node.encode(), 90,
+              "redelivery to the second worker")
+    assert time.monotonic() - killed_at < 60
+    wait_done(fleet_env, "kill", timeout_s=120)
+    report = _verify(fleet_env, "kill")
+    assert report["ok"] and report["duplicates"] == 0 and report["rows"] == 200
+    nodes = {row["node"] for row in _rows(fleet_env, "kill")}
+    assert nodes == {a.node, b.node}  # rows finished before the kill were kept, not redone
+
+
+def test_live_batch_longer_than_the_lease_is_never_run_twice(fleet_env, make_workers, tmp_path,
+                                                            r):
+    fast_lease = {"FLEET_VISIBILITY_TIMEOUT_S": "2", "FLEET_SWEEP_INTERVAL_S": "1",
+                  "FLEET_LEASE_RENEW_S": "0.5", "FLEET_BATCHES_PER_GPU": "1"}
+    (a,) = make_workers([0], FLEET_SIM_SPEED="1", FLEET_SIM_MEAN_OUTPUT_TOKENS="400",
+                        **fast_lease)
+    src = write_prompts(tmp_path / "p.jsonl", 100)
+    assert run_producer(fleet_env, "enqueue", str(src), "--job", "slow", "--batch-size",
+                        "100").returncode == 0
+    _wait_for(lambda: r.hget("fleet:job:slow:running", "0") is not None, 30, "batch start")
+    started = time.monotonic()
+    (b,) = make_workers([1], **fast_lease)  # an idle worker whose sweeps would steal the batch
+    wait_done(fleet_env, "slow", timeout_s=120)
+    assert time.monotonic() - started > 6  # the batch outlived the 2 s lease three times
+    base = int(fleet_env["FLEET_ENGINE_BASE_PORT"])
+    assert _engine_requests(base + 1) == 0
+    assert _engine_requests(base) == 100
+    assert {row["node"] for row in _rows(fleet_env, "slow")} == {a.node}
+
+
+def _job_with(tmp_path: Path, rows: list[dict]) -> Path:
+    path = tmp_path / "special.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in rows))
+    return path
+
+
+def test_poison_prompt_is_bisected_out_and_the_rest_completes(fleet_env, make_workers, tmp_path,
+                                                             r):
+    make_workers([0], FLEET_SIM_SPEED="2")
+    rows = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(12)]
+    rows[7]["prompt"] = "please __SIM_CRASH__ now"
+    res = run_producer(fleet_env, "enqueue", str(_job_with(tmp_path, rows)), "--job", "poison")
+    assert res.returncode == 0, res.stderr
+    st = wait_done(fleet_env, "poison", timeout_s=180)
+    assert (st["completed"], st["failed"]) == (11, 1)
+    out = _rows(fleet_env, "poison")
+    assert out[7]["status"] == "failed" and "poison prompt" in out[7]["error"]
+    assert all(x["status"] == "ok" for i, x in enumerate(out) if i != 7)
+    assert _verify(fleet_env, "poison")["ok"]
+
+
+def test_hung_request_times_out_and_rejected_prompt_is_quarantined_at_once(
+        fleet_env, make_workers, tmp_path, r):
+    make_workers([0], FLEET_REQUEST_TIMEOUT_S="2", FLEET_RETRY_MAX_ATTEMPTS="2",
+                 FLEET_RETRY_BASE_S="0.1")
+    rows = [{"prompt": f"fine {i}"} for i in range(10)]
+    rows[3]["prompt"] = "this one __SIM_HANG__ forever"
+    rows[6]["prompt"] = "x" * 40000  # ~10k tokens: longer than the 8192-token context
+    res = run_producer(fleet_env, "enqueue", str(_job_with(tmp_path, rows)), "--job", "hang")
+    assert res.returncode == 0, res.stderr
+    st = wait_done(fleet_env, "hang", timeout_s=120)
+    assert (st["completed"], st["failed"]) == (8, 2)
+    out = _rows(fleet_env, "hang")
+    assert "gave up after 2 attempts" in out[3]["error"]
+    assert "rejected" in out[6]["error"]
+
+
+def test_requeue_truncated_rows_with_a_larger_cap(fleet_env, make_workers, tmp_path, r):
+    make_workers([0], FLEET_SIM_SPEED="20")
+    src = write_prompts(tmp_path / "p.jsonl", 60)
+    assert run_producer(fleet_env, "enqueue", str(src), "--job", "trunc", "--batch-size", "20",
+                        "--max-new-tokens", "4").returncode == 0
+    st = wait_done(fleet_env, "trunc")
+    assert st["truncated"] > 40
+    before = _verify(fleet_env, "trunc")
+    assert before["truncated"] == st["truncated"] and before["ok"]
+    res = run_producer(fleet_env, "requeue-failed", "--job", "trunc", "--truncated",
+                       "--max-new-tokens", "5000")
+    assert res.returncode == 0, res.stderr
+    assert f"requeued {st['truncated']} truncated prompts" in res.stderr
+    st2 = wait_done(fleet_env, "trunc")
+    after = _verify(fleet_env, "trunc")
+    assert after["ok"] and after["duplicates"] == 0 and after["rows"] == 60
+    assert after["truncated"] == st2["truncated"] < 5
+    assert st2["completed"] == 60
+
+
+@pytest.fixture()
+def own_redis(tmp_path):
+    server = start_redis(tmp_path / "own-redis")
+    yield server
+    server.stop()
+
+
+def test_redis_restarted_empty_mid_job_is_restored_by_enqueue(fleet_env, make_workers, tmp_path,
+                                                             own_redis):
+    env = {**fleet_env, "FLEET_REDIS_URL": own_redis.url}
+    client = own_redis.client()
+    make_workers([0], FLEET_REDIS_URL=own_redis.url, FLEET_SIM_SPEED="3", wait=False)
+    src = write_prompts(tmp_path / "p.jsonl", 300)
+    assert run_producer(env, "enqueue", str(src), "--job", "loss", "--batch-size",
+                        "30").returncode == 0
+    _wait_for(lambda: client.scard("fleet:job:loss:done") >= 2, 90, "some batches done")
+    own_redis.stop()
+    restarted = start_redis(tmp_path / "own-redis", port=own_redis.port)
+    own_redis.proc = restarted.proc
+    assert restarted.client().dbsize() == 0
+    res = run_producer(env, "enqueue", str(src), "--job", "loss")
+    assert res.returncode == 0, res.stderr
+    st = wait_done(env, "loss", timeout_s=180)
+    assert st["completed"] + st["failed"] == 300
+    report = _verify(env, "loss")
+    assert report["ok"] and report["duplicates"] == 0 and report["rows"] == 300
+
+
+def test_status_json_has_the_contract_keys(fleet_env, tmp_path, r: redis.Redis):
+    src = write_prompts(tmp_path / "p.jsonl", 10)
+    run_producer(fleet_env, "enqueue", str(src), "--job", "keys")
+    st = orjson.loads(run_producer(fleet_env, "status", "--job", "keys", "--json").stdout)
+    for key in ("total", "completed", "failed", "rate_per_sec", "tokens_per_sec", "eta_hours",
+                "done"):
+        assert key in st
+    assert st["total"] == 10 and st["done"] is False
