@@ -72,9 +72,13 @@ def enqueue(
                                        help="Cap on generated tokens per prompt"),
     temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
     top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
+    reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
+                                   "(same prompt, sampling and profile) instead of regenerating"),
 ) -> None:
     """Stage INPUT in the store and enqueue every batch that is neither done nor pending."""
+    from producer.reuse import reuse_hook
     from workers import app
+    from workers.sink import trigger_if_complete
 
     settings = load_settings()
     store, r = _open(settings)
@@ -82,9 +86,14 @@ def enqueue(
     sampling = SamplingSpec(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     rows = read_rows(input)
     with render.enqueue_progress(err) as on_batch:
+        hook, reused = reuse_hook(store, r, reuse_from, settings.profile)
         report = enqueue_job(store, r, app, input, job, batch_size or None, sampling, rows,
-                             on_batch, default_batch_size=settings.batch_size)
+                             on_batch, default_batch_size=settings.batch_size,
+                             before_reconcile=hook)
     render.enqueue_summary(err, report)
+    if reused:
+        err.print(reused[0].summary(), soft_wrap=True)
+    trigger_if_complete(r, app, report.spec, settings)
 
 
 @cli.command()
@@ -145,6 +154,102 @@ def requeue_failed_cmd(
     report = requeue_failed(store, r, app, load_spec(store, job), truncated, max_new_tokens)
     kind = "truncated" if truncated else "failed"
     err.print(f"requeued {report.rows} {kind} prompts in {report.batches} batches of job {job}")
+
+
+@cli.command()
+@friendly_errors
+def sink(
+    job: str = typer.Option(..., "--job", help="Job name"),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the sink worker to finish"),
+    local: bool = typer.Option(False, "--local", help="Aggregate in this process instead"),
+    timeout_s: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits"),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
+) -> None:
+    """Aggregate results into Parquet shards + manifest.json (+ _SUCCESS when verify passes)."""
+    from producer.sinkcmd import run_sink
+
+    settings = load_settings()
+    summary = run_sink(settings, job, wait, local, timeout_s)
+    if summary is None:
+        err.print(f"sink of job {job} enqueued on queue 'sink'")
+        return
+    if as_json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        err.print(f"job {job}: {summary['rows']:,} rows in {summary['shards']} shards "
+                  f"({summary['bytes']:,} bytes), complete={summary['complete']}, "
+                  f"manifest {settings.store_url}/{summary['manifest']}", soft_wrap=True)
+    if not summary["complete"]:
+        raise typer.Exit(RET_FAILED)
+
+
+@cli.command()
+@friendly_errors
+def export(
+    job: str = typer.Option(..., "--job", help="Job name"),
+    fmt: str = typer.Option("parquet", "--format", help="parquet, jsonl or openai-batch"),
+    out_path: Path = typer.Option(..., "--out", help="File to write"),
+) -> None:
+    """Write a job's aggregated data set to one file (Parquet, JSONL or OpenAI-batch output)."""
+    from producer.export import export as export_job
+
+    settings = load_settings()
+    done = export_job(open_store(settings.store_url, settings.s3), job, fmt, out_path)
+    err.print(f"wrote {done['rows']:,} rows of job {job} to {out_path} ({fmt})"
+              + ("" if done["complete"] else "; the data set is NOT complete"), soft_wrap=True)
+
+
+@cli.command()
+@friendly_errors
+def pause(job: str = typer.Option(..., "--job", help="Job name")) -> None:
+    """Stop taking new batches of a job (running batches finish); undo with resume."""
+    from producer.control import stop_job
+
+    settings = load_settings()
+    _, r = _open(settings)
+    removed = stop_job(r, job, "paused")
+    err.print(f"job {job} paused: {removed} queued batches pulled; running batches finish")
+
+
+@cli.command()
+@friendly_errors
+def resume(job: str = typer.Option(..., "--job", help="Job name")) -> None:
+    """Resume a paused (or cancelled) job: enqueue what is neither done nor pending."""
+    from producer.control import resume_job
+    from workers import app
+
+    settings = load_settings()
+    store, r = _open(settings)
+    report = resume_job(store, r, app, load_spec(store, job))
+    err.print(f"job {job} resumed: enqueued {report.enqueued}, already done "
+              f"{report.already_done}, already pending {report.already_pending}")
+
+
+@cli.command()
+@friendly_errors
+def cancel(job: str = typer.Option(..., "--job", help="Job name")) -> None:
+    """Cancel a job: queued batches are removed and running ones stop within a second."""
+    from producer.control import stop_job
+
+    settings = load_settings()
+    _, r = _open(settings)
+    removed = stop_job(r, job, "cancelled")
+    err.print(f"job {job} cancelled: {removed} queued batches removed; running batches stop")
+
+
+@cli.command()
+@friendly_errors
+def jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """List the jobs Redis knows, with state and progress."""
+    from producer.control import list_jobs
+
+    settings = load_settings()
+    _, r = _open(settings)
+    rows = list_jobs(r)
+    if as_json:
+        sys.stdout.write(orjson.dumps(rows).decode() + "\n")
+    else:
+        out.print(render.jobs_table(rows))
 
 
 def main() -> None:

@@ -108,3 +108,15 @@ def watch(console: Console, fetch: Callable[[], dict[str, Any]], interval_s: flo
             if st["done"]:
                 return
             time.sleep(interval_s)
+
+
+def jobs_table(rows: list[dict[str, Any]]) -> Table:
+    """The job list as a table."""
+    table = Table(title="jobs")
+    for col in ("job", "state", "progress", "completed", "failed", "batches"):
+        table.add_column(col)
+    for j in rows:
+        table.add_row(j["job"], j["state"], f"{100 * j['progress']:.1f} %",
+                      f"{j['completed']:,}/{j['total']:,}", f"{j['failed']:,}",
+                      f"{j['done_batches']}/{j['n_batches']}")
+    return table

@@ -41,6 +41,10 @@ class EngineDown(EngineError):
     """The engine did not come back within the wait: the batch goes back to the queue."""
 
 
+class JobStopped(EngineError):
+    """The job was cancelled while this batch ran: stop sending, keep what is recorded."""
+
+
 async def with_store_retry(op: Callable[[], T], what: str) -> T:
     """Run a blocking store call in a thread, retrying StoreError with backoff (~2.5 min)."""
     for attempt in range(1, STORE_POLICY.max_attempts + 1):
@@ -230,12 +234,27 @@ class BatchRunner:
         suspects = [r for r in todo if counts[r.index] > 0]
         flusher = asyncio.ensure_future(self.recorder.run_flusher())
         try:
-            if fresh:
-                suspects += await self._send(fresh, await self._concurrency())
-            await self._isolate(suspects)
+            await self._until_cancelled(self._phases(fresh, suspects))
         finally:
             flusher.cancel()
             await self.recorder.flush()
+
+    async def _phases(self, fresh: list[PromptRow], suspects: list[PromptRow]) -> None:
+        if fresh:
+            suspects += await self._send(fresh, await self._concurrency())
+        await self._isolate(suspects)
+
+    async def _until_cancelled(self, work: Awaitable[None]) -> None:
+        """Run ``work`` but stop it within a second once the job is cancelled."""
+        job_key = jobstate.Keys(self.spec.name).job
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            if not task.done() and await self.env.redis.hget(job_key, "state") == b"cancelled":
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise JobStopped(f"job {self.spec.name} cancelled")
+        task.result()
 
     async def run(self) -> dict[str, Any]:
         """Generate every missing row, then write the batch's results; returns a summary."""

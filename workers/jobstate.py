@@ -97,11 +97,11 @@ def record_args(batch: int, node: str, rows: list[tuple[int, bytes, str, int]]) 
 
 
 def register_job(r: redis.Redis, job: str, spec_json: str) -> None:
-    """Record the job in Redis (idempotent; keeps the first start time)."""
+    """Record the job in Redis as running (idempotent; keeps the first start time)."""
     keys = Keys(job)
     pipe = r.pipeline()
     pipe.sadd(JOBS_KEY, job)
-    pipe.hset(keys.job, "spec", spec_json)
+    pipe.hset(keys.job, mapping={"spec": spec_json, "state": "running"})
     pipe.hsetnx(keys.job, "started_at", time.time())
     pipe.execute()
 

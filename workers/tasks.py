@@ -15,7 +15,7 @@ from celery.exceptions import Reject
 
 from config.settings import Settings, load_settings
 from workers import jobstate
-from workers.batch_runner import BatchRunner, EngineDown, with_store_retry
+from workers.batch_runner import BatchRunner, EngineDown, JobStopped, with_store_retry
 from workers.context import identity
 from workers.errors import JobError
 from workers.heartbeat import heartbeat_key
@@ -44,6 +44,11 @@ async def _run(job: str, batch: int) -> dict[str, Any]:
     try:
         if await r.sismember(keys.done, batch):
             return {"job": job, "batch": batch, "skipped": "already done"}
+        state = (await r.hget(keys.job, "state") or b"running").decode()
+        if state != "running":
+            # Paused or cancelled after this message was queued: drop it; resume re-sends it.
+            await r.srem(keys.pending, batch)
+            return {"job": job, "batch": batch, "skipped": f"job {state}"}
         spec = await with_store_retry(lambda: load_spec(store, job), f"job {job}")
         if await with_store_retry(lambda: store.exists(result_key(job, batch)), "result"):
             # Results are durable but Redis lost the "done" mark (a restart): just record it.
@@ -58,22 +63,27 @@ async def _run(job: str, batch: int) -> dict[str, Any]:
         await r.aclose()
 
 
+def _forget_batch(job: str, batch: int) -> None:
+    """The batch is neither pending nor running any more (``enqueue`` may resend it)."""
+    settings, _ = _settings_and_store()
+    keys = jobstate.Keys(job)
+    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
+    try:
+        client.srem(keys.pending, batch)
+        client.hdel(keys.running, batch)
+    finally:
+        client.close()
+
+
 class BatchTask(Task):
     """Keeps Redis's view of the job right when a batch fails for good."""
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
         """A failed batch is no longer pending, so ``enqueue`` (reconcile) will resend it."""
-        job, batch = args[0], args[1]
-        log.error("batch %s/%s failed for good: %s; re-run enqueue to resend it", job, batch, exc)
-        settings, _ = _settings_and_store()
-        keys = jobstate.Keys(job)
-        client = redis.Redis.from_url(settings.redis_url.get_secret_value())
-        try:
-            client.srem(keys.pending, batch)
-            client.hdel(keys.running, batch)
-        finally:
-            client.close()
+        log.error("batch %s/%s failed for good: %s; re-run enqueue to resend it",
+                  args[0], args[1], exc)
+        _forget_batch(args[0], args[1])
 
 
 @shared_task(name="fleet.run_batch", bind=True, base=BatchTask, max_retries=3)
@@ -84,6 +94,9 @@ def run_batch(self: Task, job: str, batch: int) -> dict[str, Any]:
     except EngineDown as exc:
         # Another GPU can take it: back of the queue, not a failure.
         raise Reject(str(exc), requeue=True) from exc
+    except JobStopped as exc:
+        _forget_batch(job, batch)
+        return {"job": job, "batch": batch, "skipped": str(exc)}
     except JobError:
         raise
     except Exception as exc:  # anything else: a few spaced retries, then on_failure
