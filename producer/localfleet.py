@@ -50,11 +50,11 @@ def free_port_block(n: int) -> int:
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0,
                  sig: int = signal.SIGTERM) -> None:
-    """Signal a process group, wait, then SIGKILL it."""
+    """Signal the process (its own children are its business), wait, then SIGKILL its group."""
     if proc.poll() is not None:
         return
     try:
-        os.killpg(proc.pid, sig)
+        proc.send_signal(sig)
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from config.settings import Settings
 from workers import jobstate
 from workers.crashes import CrashTracker
 from workers.engine_client import Completion, EngineClient, Sampling
@@ -32,7 +33,6 @@ from workers.store import ObjectMissing
 
 log = logging.getLogger(__name__)
 
-STORE_POLICY = RetryPolicy(max_attempts=10, base_s=1.0, max_s=30.0)
 SAMPLING_KEYS = ("max_tokens", "max_new_tokens", "temperature", "top_p")
 T = TypeVar("T")
 
@@ -45,17 +45,22 @@ class JobStopped(EngineError):
     """The job was cancelled while this batch ran: stop sending, keep what is recorded."""
 
 
-async def with_store_retry(op: Callable[[], T], what: str) -> T:
-    """Run a blocking store call in a thread, retrying StoreError with backoff (~2.5 min)."""
-    for attempt in range(1, STORE_POLICY.max_attempts + 1):
+def store_policy(settings: Settings) -> RetryPolicy:
+    """How long store calls keep retrying (defaults: 10 attempts, ~2.5 min in all)."""
+    return RetryPolicy(settings.store_retry_attempts, 1.0, settings.store_retry_max_s)
+
+
+async def with_store_retry(op: Callable[[], T], what: str, policy: RetryPolicy) -> T:
+    """Run a blocking store call in a thread, retrying StoreError with backoff."""
+    for attempt in range(1, policy.max_attempts + 1):
         try:
             return await asyncio.to_thread(op)
         except ObjectMissing:
             raise
         except StoreError as exc:
-            if attempt == STORE_POLICY.max_attempts:
+            if attempt == policy.max_attempts:
                 raise
-            delay = backoff_s(attempt, STORE_POLICY)
+            delay = backoff_s(attempt, policy)
             log.warning("store access to %s failed (%s); retry in %.1f s", what, exc, delay)
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
@@ -300,4 +305,5 @@ class BatchRunner:
         """Write the batch's results (retrying a failing store); only then is it acked."""
         data = encode_rows(rows, compress=False)
         key = result_key(self.spec.name, self.batch)
-        await with_store_retry(lambda: self.env.store.put(key, data), key)
+        await with_store_retry(lambda: self.env.store.put(key, data), key,
+                               store_policy(self.env.settings))

@@ -17,6 +17,7 @@ from celery import bootsteps, signals
 from config.settings import load_settings
 from workers import context
 from workers.app import SHARED_QUEUE
+from workers.events import worker_info
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ def current_runtime() -> WorkerRuntime | None:
 def _on_worker_init(sender: object, **_: object) -> None:
     """Work out the GPU from -Q gpuN / FLEET_GPU and also consume the shared queue."""
     settings = load_settings()
+    # httpx logs every request at INFO: a health probe every few seconds drowns the log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     queues = sender.app.amqp.queues  # type: ignore[attr-defined]
     own = list(queues.consume_from or {})
     gpu = context.gpu_from_queues(own, settings.gpu)
@@ -60,6 +63,10 @@ class EngineStep(bootsteps.StartStopStep):
                                  opts.get("unacked_index_key", "unacked_index"))
         atexit.register(_runtime.stop)
         _runtime.start()
+
+    def info(self, worker: object) -> dict[str, object]:
+        """GPU, engine state, running/cap, queue, tokens/s for ``inspect stats`` (Flower)."""
+        return worker_info(_runtime.heartbeat_payload()) if _runtime is not None else {}
 
 
 

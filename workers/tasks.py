@@ -14,10 +14,17 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 
 from config.settings import Settings, load_settings
-from workers import jobstate
-from workers.batch_runner import BatchRunner, EngineDown, JobStopped, with_store_retry
+from workers import jobstate, metrics
+from workers.batch_runner import (
+    BatchRunner,
+    EngineDown,
+    JobStopped,
+    store_policy,
+    with_store_retry,
+)
 from workers.context import identity
 from workers.errors import JobError
+from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
 from workers.jobs import load_batch_input, load_spec, result_key
 from workers.progress import BatchEnv
@@ -36,7 +43,7 @@ def _profile_name(beat: bytes | None, default: str) -> str:
     return str(orjson.loads(beat).get("profile", default)) if beat else default
 
 
-async def _run(job: str, batch: int) -> dict[str, Any]:
+async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
     settings, store = _settings_and_store()
     me = identity()
     r = aioredis.from_url(settings.redis_url.get_secret_value())
@@ -49,16 +56,24 @@ async def _run(job: str, batch: int) -> dict[str, Any]:
             # Paused or cancelled after this message was queued: drop it; resume re-sends it.
             await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": f"job {state}"}
-        spec = await with_store_retry(lambda: load_spec(store, job), f"job {job}")
-        if await with_store_retry(lambda: store.exists(result_key(job, batch)), "result"):
+        policy = store_policy(settings)
+        spec = await with_store_retry(lambda: load_spec(store, job), f"job {job}", policy)
+        if await with_store_retry(lambda: store.exists(result_key(job, batch)), "result",
+                                  policy):
             # Results are durable but Redis lost the "done" mark (a restart): just record it.
             await r.sadd(keys.done, batch)
             await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": "results already stored"}
-        rows = await with_store_retry(lambda: load_batch_input(store, job, batch), "input")
+        rows = await with_store_retry(lambda: load_batch_input(store, job, batch), "input",
+                                      policy)
         profile = _profile_name(await r.get(heartbeat_key(me.node)), settings.profile)
-        env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile)
-        return await BatchRunner(env, spec, batch, rows).run()
+        progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
+                                me.gpu, settings.progress_event_interval_s)
+        env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile,
+                       on_progress=progress)
+        summary = await BatchRunner(env, spec, batch, rows).run()
+        await metrics.record_batch(r, me.node, summary["seconds"])
+        return summary
     finally:
         await r.aclose()
 
@@ -90,7 +105,7 @@ class BatchTask(Task):
 def run_batch(self: Task, job: str, batch: int) -> dict[str, Any]:
     """Generate every prompt of ``batch`` of ``job`` and store the results."""
     try:
-        return asyncio.run(_run(job, batch))
+        return asyncio.run(_run(self, job, batch))
     except EngineDown as exc:
         # Another GPU can take it: back of the queue, not a failure.
         raise Reject(str(exc), requeue=True) from exc
