@@ -1,0 +1,344 @@
+"""SGLang's native HTTP API on top of the simulated scheduler (shapes as in sglang.md §1)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from workers.sim.engine import SimRequest
+from workers.sim.report import log
+from workers.sim.state import SGLANG_VERSION, SimState, make_request, probe_request
+from workers.sim.textgen import count_text_tokens, filler_ids, filler_text
+
+HEALTH_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+GB = 1024**3
+
+
+# A JSON endpoint: raw request body -> (HTTP status, JSON-able payload).
+JsonHandler = Callable[[bytes], Awaitable[tuple[int, Any]]]
+# A Starlette endpoint.
+Endpoint = Callable[[Request], Awaitable[Response]]
+NOT_READY = (503, {"error": {"message": "The server is not ready yet (loading weights)."}})
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    """A JSON response serialised with orjson."""
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def error_payload(message: str) -> dict[str, Any]:
+    """SGLang's native error shape: ``{"error": {"message": ...}}``."""
+    return {"error": {"message": message}}
+
+
+def not_ready() -> Response:
+    """503 while the simulated weights are loading."""
+    return json_response(NOT_READY[1], NOT_READY[0])
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (ValueError when it is not one)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"Invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ValueError("The request body must be a JSON object.")
+    return body
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object (ValueError when it is not one)."""
+    return parse_json(await request.body())
+
+
+def endpoint(handler: JsonHandler) -> Endpoint:
+    """A Starlette endpoint around a JSON handler (the fast path serves the same handler)."""
+
+    async def call(request: Request) -> Response:
+        status, data = await handler(await request.body())
+        return json_response(data, status)
+
+    return call
+
+
+def _as_list(value: Any, count: int) -> list[Any]:
+    """Broadcast a per-request field (single value or list) to ``count`` entries."""
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"Expected {count} entries, got {len(value)}.")
+        return value
+    return [value] * count
+
+
+def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str]], bool]:
+    """(input length, text) per prompt of a /generate body, and whether it is a batch."""
+    text, ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, str):
+        return [(count_text_tokens(text), text)], False
+    if isinstance(text, list):
+        return [(count_text_tokens(str(t)), str(t)) for t in text], True
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return [(len(x), "") for x in ids], True
+    if isinstance(ids, list) and ids:
+        return [(len(ids), "")], False
+    raise ValueError("Either text or input_ids should be provided.")
+
+
+def build_generate(state: SimState, body: dict[str, Any]) -> tuple[list[SimRequest], bool]:
+    """Validated SimRequests of a /generate body (ValueError -> 400)."""
+    prompts, batch = _prompts(body)
+    params = _as_list(body.get("sampling_params") or {}, len(prompts))
+    rids = _as_list(body.get("rid"), len(prompts))
+    named = [r for r in rids if r is not None]
+    if len(set(named)) < len(named):
+        raise ValueError("Duplicate request IDs in the batch.")
+    if body.get("stream"):
+        raise ValueError("stream=true is not supported by the simulator (workers.sim).")
+    return [
+        make_request(state, n, p or {}, text, rid)
+        for (n, text), p, rid in zip(prompts, params, rids, strict=True)
+    ], batch
+
+
+def spec_meta(state: SimState, req: SimRequest) -> dict[str, Any]:
+    """Speculative fields of meta_info (``_calculate_spec_decoding_metrics``)."""
+    if not state.speculative or req.verify_ct == 0:
+        return {}
+    drafted = req.verify_ct * (state.plan.num_draft_tokens - 1)
+    accepted = max(0, req.generated - 1 - req.verify_ct)  # prefill token and bonus tokens out
+    return {
+        "spec_accept_rate": accepted / drafted if drafted else 0.0,
+        "spec_accept_length": req.generated / req.verify_ct,
+        "spec_accept_token_num": accepted,
+        "spec_draft_token_num": drafted,
+        "spec_verify_ct": req.verify_ct,
+    }
+
+
+def text_tokens(req: SimRequest) -> int:
+    """Tokens that appear as text (EOS is a special token and is skipped)."""
+    stopped = (req.finish_reason or {}).get("type") == "stop"
+    return max(0, req.generated - 1) if stopped else req.generated
+
+
+def generate_result(state: SimState, req: SimRequest) -> dict[str, Any]:
+    """One /generate response item."""
+    stopped = (req.finish_reason or {}).get("type") == "stop"
+    meta = {
+        "id": req.rid,
+        "finish_reason": req.finish_reason,
+        "prompt_tokens": req.input_len,
+        "weight_version": "default",
+        "total_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": req.generated,
+        "cached_tokens": 0,
+        "e2e_latency": req.latency,
+        **spec_meta(state, req),
+    }
+    eos = state.shape.eos_token_id if stopped else None
+    return {
+        "text": filler_text(text_tokens(req)),
+        "output_ids": filler_ids(req.generated, eos),
+        "meta_info": meta,
+    }
+
+
+def generate_handler(state: SimState) -> JsonHandler:
+    """POST /generate."""
+
+    async def generate(raw: bytes) -> tuple[int, Any]:
+        if not state.ready:
+            return NOT_READY
+        try:
+            reqs, batch = build_generate(state, parse_json(raw))
+        except (ValueError, TypeError) as exc:
+            return 400, error_payload(str(exc))
+        done = await asyncio.gather(*(state.engine.submit(r) for r in reqs))
+        items = [generate_result(state, r) for r in done]
+        return 200, items if batch else items[0]
+
+    return generate
+
+
+def make_health(state: SimState) -> Endpoint:
+    """GET /health and /health_generate: a 1-token probe through the scheduler (§1.1)."""
+
+    async def health(request: Request) -> Response:
+        if not state.ready:
+            return Response(status_code=503)
+        probe = probe_request()
+        state.engine.submit(probe)
+        if await state.engine.wait_output(HEALTH_TIMEOUT_S):
+            return Response(status_code=200)
+        state.engine.abort(probe.rid)
+        return Response(status_code=503)
+
+    return health
+
+
+def memory_usage(state: SimState) -> dict[str, float]:
+    """``memory_usage`` of /server_info internal_states (GB = GiB)."""
+    mem = state.plan.memory_gib
+    return {
+        "weight": round(mem["weights"], 2),
+        "kvcache": round(mem["kv"], 2),
+        "token_capacity": state.plan.max_total_num_tokens,
+        "graph": round(state.plan.cuda_graph_gib, 2),
+    }
+
+
+def internal_state(state: SimState) -> dict[str, Any]:
+    """One ``internal_states`` entry (``Scheduler.get_internal_state``)."""
+    entry = dict(state.server_args)
+    entry.update(
+        max_mamba_cache_size=state.plan.max_mamba_cache_size if state.shape.hybrid else None,
+        effective_max_running_requests_per_dp=state.plan.max_running_requests,
+        memory_usage=memory_usage(state),
+        last_gen_throughput=state.engine.last_gen_throughput,
+    )
+    if state.speculative:
+        entry["avg_spec_accept_length"] = state.engine.avg_accept_length()
+    return entry
+
+
+def server_info(state: SimState) -> dict[str, Any]:
+    """The /server_info document."""
+    return {
+        **state.server_args,
+        "status": "ready",
+        "max_total_num_tokens": state.plan.max_total_num_tokens,
+        "max_req_input_len": state.plan.max_req_input_len,
+        "internal_states": [internal_state(state)],
+        "version": SGLANG_VERSION,
+    }
+
+
+def make_server_info(state: SimState, deprecated: str | None = None) -> Endpoint:
+    """GET /server_info (and the deprecated alias, which logs a warning on every call)."""
+
+    async def info(request: Request) -> Response:
+        if deprecated:
+            log(f"Endpoint '{deprecated}' is deprecated. Please use '/server_info' instead.")
+        if not state.ready:
+            return not_ready()
+        return json_response(server_info(state))
+
+    return info
+
+
+def load_entry(state: SimState) -> dict[str, Any]:
+    """``loads[0]`` of /v1/loads (§1.7)."""
+    snap = state.engine.snapshot()
+    plan, mem = state.plan, state.plan.memory_gib
+    metrics_on = state.metrics is not None  # gen_throughput comes from stats: 0 without metrics
+    interval = state.reporter.interval
+    spec = None
+    if state.speculative:
+        spec = {"accept_length": interval.accept_length, "accept_rate": interval.accept_rate}
+    return {
+        "dp_rank": 0,
+        "num_running_reqs": snap.running,
+        "num_waiting_reqs": snap.queued,
+        "num_used_tokens": snap.used_tokens,
+        "max_total_num_tokens": plan.max_total_num_tokens,
+        "token_usage": round(snap.full_usage, 4),
+        "gen_throughput": round(state.engine.last_gen_throughput, 2) if metrics_on else 0.0,
+        "cache_hit_rate": 0.0,
+        "utilization": 0.0,
+        "max_running_requests": plan.max_running_requests,
+        "memory": {
+            "weight_gb": round(mem["weights"], 2),
+            "kv_cache_gb": round(mem["kv"], 2),
+            "graph_gb": round(plan.cuda_graph_gib, 2),
+            "token_capacity": plan.max_total_num_tokens,
+        },
+        "speculative": spec,
+        "queues": {"waiting": snap.queued, "grammar": 0, "paused": 0, "retracted": 0},
+        "num_total_reqs": snap.running + snap.queued,
+    }
+
+
+def loads_document(state: SimState) -> dict[str, Any]:
+    """The /v1/loads JSON document."""
+    entry = load_entry(state)
+    return {
+        "timestamp": datetime.now(timezone.utc).isoformat(),
+        "version": SGLANG_VERSION,
+        "dp_rank_count": 1,
+        "loads": [entry],
+        "aggregate": {
+            "total_running_reqs": entry["num_running_reqs"],
+            "total_waiting_reqs": entry["num_waiting_reqs"],
+            "total_reqs": entry["num_total_reqs"],
+            "avg_token_usage": entry["token_usage"],
+            "avg_throughput": entry["gen_throughput"],
+            "avg_utilization": 0.0,
+        },
+    }
+
+
+def loads_prometheus(entry: dict[str, Any]) -> str:
+    """``/v1/loads?format=prometheus``: underscore names with a dp_rank label."""
+    lines = []
+    for key, value in entry.items():
+        if isinstance(value, int | float) and key != "dp_rank":
+            lines.append(f'sglang_{key}{{dp_rank="0"}} {value}')
+    for key, value in entry["memory"].items():
+        lines.append(f'sglang_memory_{key}{{dp_rank="0"}} {value}')
+    return "\n".join(lines) + "\n"
+
+
+def make_loads(state: SimState) -> Endpoint:
+    """GET /v1/loads."""
+
+    async def loads(request: Request) -> Response:
+        document = loads_document(state)
+        if request.query_params.get("format") == "prometheus":
+            return PlainTextResponse(loads_prometheus(document["loads"][0]))
+        return json_response(document)
+
+    return loads
+
+
+def make_get_load(state: SimState) -> Endpoint:
+    """GET /get_load (deprecated list form)."""
+
+    async def get_load(request: Request) -> Response:
+        snap = state.engine.snapshot()
+        item = {
+            "rid": None,
+            "http_worker_ipc": None,
+            "dp_rank": 0,
+            "num_reqs": snap.running + snap.queued,
+            "num_waiting_reqs": snap.queued,
+            "num_tokens": snap.used_tokens,
+            "ts_tic": time.time(),
+        }
+        return json_response([item])
+
+    return get_load
+
+
+def native_routes(state: SimState) -> list[Route]:
+    """Routes of SGLang's native API."""
+    health = make_health(state)
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health, methods=["GET"]),
+        Route("/generate", endpoint(generate_handler(state)), methods=["POST", "PUT"]),
+        Route("/server_info", make_server_info(state), methods=["GET"]),
+        Route("/get_server_info", make_server_info(state, "/get_server_info"), methods=["GET"]),
+        Route("/v1/loads", make_loads(state), methods=["GET"]),
+        Route("/get_load", make_get_load(state), methods=["GET"]),
+    ]

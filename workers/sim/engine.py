@@ -1,0 +1,419 @@
+"""The simulated scheduler: one asyncio task, FCFS, continuous batching under SGLang's caps.
+
+Caps come from :mod:`workers.capacity` (SGLang's arithmetic): at most ``max_running_requests``
+requests decode at once and the KV pool (``max_total_num_tokens``) must hold every admitted
+request's prompt plus its whole output budget (the sim never retracts, so it only admits what is
+guaranteed to fit). A prefill round also stops at ``--max-prefill-tokens`` of new input, like
+``PrefillAdder``. Step times come from the measured workload (see :func:`step_ms`).
+
+Cost per step is O(running): each running request gains the accept length as a float, and no
+work is done per token. With nothing to do, the task sleeps on an event instead of polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Measured on the real run (shared/facts/workload.md): ~2,000 output tok/s per GPU with 16
+# running and ~3,500 tok/s with 40 running, MTP accept length ~3.5. Steps per second are
+# tok/s / (running * 3.5): 35.7/s (28 ms) at 16 and 25/s (40 ms) at 40. The line through both
+# points is step_ms = 20 + 0.5 * running. It is applied to every model and GPU: the sim has no
+# other measurement.
+STEP_BASE_MS = 20.0
+STEP_PER_REQ_MS = 0.5
+# workload.md credits MTP with "roughly 3x decode speed-up" at accept length 3.5, so a step
+# without speculative decoding costs 3 / 3.5 of the measured MTP step.
+NON_SPEC_STEP_SCALE = 3.0 / 3.5
+# Accept rate per draft token: accept length 3.5 with 4 draft tokens (workload.md: acceptance
+# ~0.84) -> (3.5 - 1) / (4 - 1). Other draft counts extrapolate linearly (not measured).
+ACCEPT_RATE = 2.5 / 3.0
+# When the sim falls behind its schedule by more than this, it stops trying to catch up.
+MAX_LAG_S = 0.05
+# Upper bound of decode steps run in one pass at very high FLEET_SIM_SPEED.
+MAX_STEPS_PER_PASS = 10_000
+
+
+def accept_length(draft_tokens: int) -> float:
+    """Tokens gained per decode step: 1 + rate * (draft - 1), or 1 without speculation."""
+    if draft_tokens <= 1:
+        return 1.0
+    return 1.0 + ACCEPT_RATE * (draft_tokens - 1)
+
+
+def step_ms(running: int, speculative: bool) -> float:
+    """Modelled duration of one decode step in milliseconds at real speed."""
+    ms = STEP_BASE_MS + STEP_PER_REQ_MS * running
+    return ms if speculative else ms * NON_SPEC_STEP_SCALE
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the simulated scheduler."""
+
+    rid: str
+    input_len: int
+    max_new_tokens: int  # after Scheduler.init_req_max_new_tokens' clamp
+    drawn_len: int  # where the "model" emits EOS
+    internal: bool = False  # health probes: no metrics, no fault markers
+    crash: bool = False
+    hang: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+    future: asyncio.Future[SimRequest] | None = None
+    stop_at: int = 0
+    progress: float = 0.0
+    generated: int = 0
+    verify_ct: int = 0
+    finish_reason: dict[str, Any] | None = None
+    finished_at: float = 0.0
+    admitted: bool = False
+
+    def __post_init__(self) -> None:
+        self.stop_at = min(self.drawn_len, self.max_new_tokens)
+
+    @property
+    def reserve(self) -> int:
+        """KV tokens held while running: prompt plus the whole output budget."""
+        return self.input_len + self.max_new_tokens
+
+    @property
+    def latency(self) -> float:
+        """Seconds from arrival to finish."""
+        return self.finished_at - self.arrival
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The numbers the scheduler runs under (from the CapacityPlan and the flags)."""
+
+    max_running_requests: int
+    max_total_num_tokens: int
+    max_prefill_tokens: int
+    max_mamba_cache_size: int
+    mamba_ratio: int  # 0 for non-hybrid models
+    draft_tokens: int  # 0 without speculative decoding
+    speed: float
+    decode_log_interval: int
+    eos_token_id: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Scheduler state as SGLang's logs and gauges report it."""
+
+    running: int
+    queued: int
+    used_tokens: int
+    full_usage: float
+    mamba_num: int
+    mamba_usage: float
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Decode statistics over the last ``decode_log_interval`` steps."""
+
+    gen_throughput: float
+    accept_length: float
+    accept_rate: float
+
+
+class Observer(Protocol):
+    """Receives the scheduler's events (logs and metrics)."""
+
+    def on_step(self, decode_tokens: int, prefill_tokens: int) -> None:
+        """Called after every step with the tokens it computed."""
+
+    def on_prefill(
+        self, new_reqs: int, new_tokens: int, running_before: int, snap: Snapshot
+    ) -> None:
+        """Called after each admission round that admitted requests."""
+
+    def on_decode_interval(self, snap: Snapshot, interval: Interval) -> None:
+        """Called every ``decode_log_interval`` decode steps."""
+
+    def on_finish(self, req: SimRequest) -> None:
+        """Called when a request finishes (not for internal ones)."""
+
+    def on_idle(self, snap: Snapshot) -> None:
+        """Called when the scheduler runs out of work."""
+
+    def on_crash(self, req: SimRequest) -> None:
+        """Called right before a ``__SIM_CRASH__`` request kills the process."""
+
+
+class SimEngine:
+    """FCFS continuous-batching scheduler of the simulator."""
+
+    def __init__(self, config: EngineConfig, observer: Observer) -> None:
+        self.config = config
+        self.observer = observer
+        self.accept_len = accept_length(config.draft_tokens)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.reserved_tokens = 0
+        self.active = 0  # running requests that make progress (not hung)
+        self.decode_steps = 0
+        self.last_gen_throughput = 0.0
+        self.lifetime_tokens = 0
+        self.lifetime_req_steps = 0
+        self._wake = asyncio.Event()
+        self._output: asyncio.Event | None = None
+        self._next_at = time.monotonic()
+        self._interval_tokens = 0
+        self._interval_req_steps = 0
+        self._interval_start = time.monotonic()
+        self._steps = 1  # decode steps run by the current pass
+
+    # --- public API -----------------------------------------------------------------------
+
+    def submit(self, req: SimRequest) -> asyncio.Future[SimRequest]:
+        """Queue ``req``; the future resolves with it once finished."""
+        req.future = asyncio.get_running_loop().create_future()
+        self.waiting.append(req)
+        self._wake.set()
+        return req.future
+
+    def abort(self, rid: str | None) -> int:
+        """Abort one request by id, or all when ``rid`` is None; returns how many."""
+        victims = [r for r in (*self.waiting, *self.running) if rid is None or r.rid == rid]
+        for req in victims:
+            message = f"Abort request {req.rid}"
+            reason = {"type": "abort", "message": message, "status_code": 400, "err_type": None}
+            self._finish(req, reason)
+        if victims:
+            self.waiting = deque(r for r in self.waiting if r.finish_reason is None)
+            self.running = [r for r in self.running if r.finish_reason is None]
+            self._wake.set()
+        return len(victims)
+
+    async def wait_output(self, timeout: float) -> bool:
+        """Wait until some step produces output; False after ``timeout`` seconds."""
+        if self._output is None:
+            self._output = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._output.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def snapshot(self) -> Snapshot:
+        """Current usage, computed in O(running)."""
+        cfg = self.config
+        used = sum(r.input_len + r.generated for r in self.running)
+        # Slots held per running request: R - 1 (a third-party trace saw 4 held of the 5
+        # reserved under extra_buffer + MTP, sglang.md §7; the real run showed 59 of 80 slots
+        # at 16 running, 3.7 each). Radix-cached slots are not modelled.
+        held = max(1, cfg.mamba_ratio - 1)
+        mamba_num = min(len(self.running) * held, cfg.max_mamba_cache_size)
+        slots = max(cfg.max_mamba_cache_size, 1)
+        return Snapshot(
+            running=len(self.running),
+            queued=len(self.waiting),
+            used_tokens=used,
+            full_usage=used / cfg.max_total_num_tokens,
+            mamba_num=mamba_num if cfg.mamba_ratio else 0,
+            mamba_usage=mamba_num / slots if cfg.mamba_ratio else 0.0,
+        )
+
+    def avg_accept_length(self) -> float:
+        """Lifetime accept length (tokens per request-step)."""
+        return self.lifetime_tokens / self.lifetime_req_steps if self.lifetime_req_steps else 0.0
+
+    async def run(self) -> None:
+        """The scheduler loop (run it as one task)."""
+        while True:
+            if not self._has_work():
+                await self._sleep_until_work()
+                continue
+            self._decode_step()
+            self._admit()
+            await self._pace()
+
+    # --- scheduling -------------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        """Whether a step would make progress."""
+        return self.active > 0 or (bool(self.waiting) and self._fits(self.waiting[0]))
+
+    def _fits(self, req: SimRequest) -> bool:
+        """Whether ``req`` can be admitted now (running cap and KV pool)."""
+        if len(self.running) >= self.config.max_running_requests:
+            return False
+        return self.reserved_tokens + req.reserve <= self.config.max_total_num_tokens
+
+    async def _sleep_until_work(self) -> None:
+        """Block on the wake event (new request or abort) instead of polling."""
+        if not self.running and not self.waiting:
+            self.last_gen_throughput = 0.0
+            self.observer.on_idle(self.snapshot())
+        self._wake.clear()
+        await self._wake.wait()
+        self._next_at = time.monotonic()
+        self._interval_start = time.monotonic()
+        self._interval_tokens = self._interval_req_steps = 0
+
+    def _admit(self) -> None:
+        """One prefill round: admit FCFS while the caps and the prefill budget allow."""
+        new_reqs = new_tokens = 0
+        running_before = len(self.running)
+        while self.waiting and self._fits(self.waiting[0]):
+            req = self.waiting[0]
+            if new_reqs and new_tokens + req.input_len > self.config.max_prefill_tokens:
+                break
+            self.waiting.popleft()
+            new_reqs += 1
+            new_tokens += req.input_len
+            self._start(req)
+        if new_reqs:
+            self.running = [r for r in self.running if r.finish_reason is None]
+            self.observer.on_step(0, new_tokens)
+            self.observer.on_prefill(new_reqs, new_tokens, running_before, self.snapshot())
+            self._signal_output()
+
+    def _start(self, req: SimRequest) -> None:
+        """Admit ``req``: prefill produces its first token."""
+        if req.crash:
+            self.observer.on_crash(req)
+            os._exit(1)  # sim fault injection: a poison prompt kills the engine
+        self.running.append(req)
+        req.admitted = True
+        self.reserved_tokens += req.reserve
+        if req.hang:
+            return  # sim fault injection: admitted, holds its slot, never advances
+        self.active += 1
+        req.progress = 1.0
+        req.generated = min(1, req.stop_at)
+        if req.generated >= req.stop_at:
+            self._complete(req)
+
+    def _step_seconds(self) -> float:
+        """Real seconds of one decode step at the current batch size and speed."""
+        ms = step_ms(len(self.running), self.config.draft_tokens > 0)
+        return ms / 1000.0 / self.config.speed
+
+    def _steps_now(self) -> int:
+        """Decode steps to run in this pass: those already due, but none past a finish.
+
+        At real speed this is 1. When FLEET_SIM_SPEED makes steps shorter than one event-loop
+        pass, every step that is due runs in one O(running) pass, stopping at the first step
+        where a request finishes so that its slot is refilled at the same step as in SGLang.
+        """
+        due = 1 + int(max(0.0, time.monotonic() - self._next_at) / self._step_seconds())
+        if due == 1:
+            return 1
+        to_finish = min(
+            (
+                math.ceil((r.stop_at - r.progress) / self.accept_len)
+                for r in self.running
+                if not r.hang
+            ),
+            default=1,
+        )
+        return max(1, min(due, to_finish, MAX_STEPS_PER_PASS))
+
+    def _decode_step(self) -> None:
+        """Advance every running request by ``k`` steps of the accept length (O(running))."""
+        if not self.active:
+            self._steps = 1
+            return
+        steps = self._steps = self._steps_now()
+        gain = self.accept_len * steps
+        produced = req_steps = 0
+        done = False
+        for req in self.running:
+            if req.hang:
+                continue
+            req.progress += gain
+            new = min(int(req.progress), req.stop_at)
+            produced += new - req.generated
+            req.generated = new
+            req.verify_ct += steps
+            req_steps += steps
+            if new >= req.stop_at:
+                self._complete(req)
+                done = True
+        self._account(produced, req_steps, steps)  # logs see the batch that ran, as SGLang's
+        if done:
+            self.running = [r for r in self.running if r.finish_reason is None]
+
+    def _account(self, produced: int, req_steps: int, steps: int) -> None:
+        """Update counters after decode steps; report every ``decode_log_interval`` steps."""
+        before = self.decode_steps
+        self.decode_steps += steps
+        self._interval_tokens += produced
+        self._interval_req_steps += req_steps
+        self.lifetime_tokens += produced
+        self.lifetime_req_steps += req_steps
+        self.observer.on_step(produced, 0)
+        if produced:
+            self._signal_output()
+        interval = self.config.decode_log_interval
+        if self.decode_steps // interval != before // interval:
+            self.observer.on_decode_interval(self.snapshot(), self._close_interval())
+
+    def _close_interval(self) -> Interval:
+        """Statistics since the previous interval, then reset them."""
+        now = time.monotonic()
+        elapsed = max(now - self._interval_start, 1e-9)
+        tokens, steps = self._interval_tokens, self._interval_req_steps
+        self.last_gen_throughput = tokens / elapsed
+        accept = tokens / steps if steps else 0.0
+        drafts = self.config.draft_tokens
+        # 0.5.11: accept rate = (accepted - steps) / (steps * (draft_tokens - 1)).
+        rate = (tokens - steps) / (steps * (drafts - 1)) if steps and drafts > 1 else 0.0
+        self._interval_start, self._interval_tokens, self._interval_req_steps = now, 0, 0
+        return Interval(self.last_gen_throughput, accept, rate)
+
+    async def _pace(self) -> None:
+        """Sleep until the next step is due (step time divided by FLEET_SIM_SPEED)."""
+        self._next_at += self._steps * self._step_seconds()
+        delay = self._next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+            return
+        if delay < -MAX_LAG_S:
+            self._next_at = time.monotonic()
+        await asyncio.sleep(0)
+
+    # --- finishing --------------------------------------------------------------------------
+
+    def _complete(self, req: SimRequest) -> None:
+        """Finish ``req`` normally: EOS (stop) or its max_new_tokens budget (length)."""
+        if req.drawn_len <= req.max_new_tokens:
+            reason: dict[str, Any] = {"type": "stop", "matched": self.config.eos_token_id}
+        else:
+            reason = {"type": "length", "length": req.max_new_tokens}
+        self._finish(req, reason)
+
+    def _finish(self, req: SimRequest, reason: dict[str, Any]) -> None:
+        """Release ``req``'s resources and resolve its future (caller prunes the lists)."""
+        if req.finish_reason is not None:
+            return
+        if req.admitted:
+            self.reserved_tokens -= req.reserve
+            if not req.hang:
+                self.active -= 1
+        req.finish_reason = reason
+        req.finished_at = time.monotonic()
+        if req.future is not None and not req.future.done():
+            req.future.set_result(req)
+        if not req.internal:
+            self.observer.on_finish(req)
+
+    def _signal_output(self) -> None:
+        """Wake health probes waiting for any scheduler output."""
+        if self._output is not None:
+            self._output.set()
+            self._output = None
+
+
+def clamp_max_new_tokens(requested: int | None, input_len: int, max_req_len: int) -> int:
+    """``Scheduler.init_req_max_new_tokens``: min(requested, max_req_len - input_len - 1)."""
+    limit = max(0, max_req_len - input_len - 1)
+    return limit if requested is None else max(0, min(requested, limit))

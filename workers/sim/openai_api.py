@@ -1,0 +1,212 @@
+"""OpenAI-compatible endpoints of the simulator (sglang.md §1.3-1.4), non-streaming only.
+
+Reasoning: with ``--reasoning-parser`` set and thinking not disabled (``chat_template_kwargs.
+enable_thinking`` is not False and ``reasoning_effort`` is not "none"), the first 80 % of the drawn
+output length goes to ``message.reasoning_content`` and the rest to ``content``
+(:func:`workers.sim.textgen.reasoning_split`; the share is not measured). Without a parser every
+token is content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.routing import Route
+
+from workers.sim.api import NOT_READY, JsonHandler, endpoint, parse_json, text_tokens
+from workers.sim.engine import SimRequest
+from workers.sim.state import SimState, make_request
+from workers.sim.textgen import count_chat_tokens, count_text_tokens, filler_text, reasoning_split
+
+
+def openai_error(message: str, status: int = 400) -> tuple[int, dict[str, Any]]:
+    """SGLang's OpenAI error shape (``ErrorResponse``)."""
+    body = {
+        "object": "error",
+        "message": message,
+        "type": "BadRequestError",
+        "param": None,
+        "code": status,
+    }
+    return status, body
+
+
+def _finish(req: SimRequest) -> tuple[str, Any]:
+    """OpenAI finish_reason and matched_stop of a finished request."""
+    reason = req.finish_reason or {}
+    kind = str(reason.get("type") or "abort")
+    return kind, reason.get("matched") if kind == "stop" else None
+
+
+def _usage(reqs: list[SimRequest], reasoning_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI usage block."""
+    prompt = sum(r.input_len for r in reqs)
+    completion = sum(r.generated for r in reqs)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": reasoning_tokens,
+    }
+
+
+def _sampling(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
+    """Sampling params of an OpenAI body, in /generate terms."""
+    params = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos") if k in body}
+    params["max_new_tokens"] = max_tokens
+    return params
+
+
+def _completion_prompts(prompt: Any) -> list[tuple[int, str]]:
+    """(input length, text) per prompt of /v1/completions (str, list of str, or token ids)."""
+    if isinstance(prompt, str):
+        return [(count_text_tokens(prompt), prompt)]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return [(count_text_tokens(p), p) for p in prompt]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        return [(len(p), "") for p in prompt]
+    if isinstance(prompt, list) and prompt:
+        return [(len(prompt), "")]
+    raise ValueError("prompt must be a non-empty string, list of strings or token ids.")
+
+
+def _check_body(body: dict[str, Any]) -> None:
+    """Reject what the simulator does not implement, loudly."""
+    if body.get("stream"):
+        raise ValueError("stream=true is not supported by the simulator (workers.sim).")
+    if int(body.get("n") or 1) != 1:
+        raise ValueError("n > 1 is not supported by the simulator (workers.sim).")
+
+
+def completion_document(state: SimState, done: list[SimRequest]) -> dict[str, Any]:
+    """The /v1/completions response."""
+    choices = []
+    for index, req in enumerate(done):
+        kind, matched = _finish(req)
+        choices.append(
+            {
+                "index": index,
+                "text": filler_text(text_tokens(req)),
+                "logprobs": None,
+                "finish_reason": kind,
+                "matched_stop": matched,
+            }
+        )
+    return {
+        "id": done[0].rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": choices,
+        "usage": _usage(done),
+    }
+
+
+def completions_handler(state: SimState) -> JsonHandler:
+    """POST /v1/completions (max_tokens defaults to 16, the OpenAI default)."""
+
+    async def completions(raw: bytes) -> tuple[int, Any]:
+        if not state.ready:
+            return NOT_READY
+        try:
+            body = parse_json(raw)
+            _check_body(body)
+            params = _sampling(body, body.get("max_tokens", 16))
+            reqs = [
+                make_request(state, n, params, text)
+                for n, text in _completion_prompts(body.get("prompt"))
+            ]
+        except (ValueError, TypeError) as exc:
+            return openai_error(str(exc))
+        done = list(await asyncio.gather(*(state.engine.submit(r) for r in reqs)))
+        return 200, completion_document(state, done)
+
+    return completions
+
+
+def thinking_on(state: SimState, body: dict[str, Any]) -> bool:
+    """Whether the reasoning parser separates thinking for this request (serving_chat.py)."""
+    if not state.args.reasoning_parser or body.get("separate_reasoning") is False:
+        return False
+    kwargs = body.get("chat_template_kwargs") or {}
+    if body.get("reasoning_effort") == "none":
+        return False
+    return kwargs.get("enable_thinking") is not False
+
+
+def chat_message(req: SimRequest, thinking: bool) -> tuple[dict[str, Any], int]:
+    """The assistant message and its reasoning token count."""
+    words = text_tokens(req)
+    reasoning = 0
+    if thinking:
+        reasoning, _ = reasoning_split(req.generated, req.drawn_len)
+    shown = min(reasoning, words)
+    message = {
+        "role": "assistant",
+        "content": filler_text(words - shown),
+        "reasoning_content": filler_text(shown) if thinking else None,
+        "tool_calls": None,
+    }
+    return message, reasoning
+
+
+def chat_document(state: SimState, req: SimRequest, thinking: bool) -> dict[str, Any]:
+    """The /v1/chat/completions response."""
+    message, reasoning = chat_message(req, thinking)
+    kind, matched = _finish(req)
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": kind,
+        "matched_stop": matched,
+    }
+    return {
+        "id": req.rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": [choice],
+        "usage": _usage([req], reasoning),
+    }
+
+
+def build_chat(state: SimState, body: dict[str, Any]) -> SimRequest:
+    """Validated SimRequest of a chat body (max_tokens None means up to the context)."""
+    _check_body(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list.")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    rid = str(body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}")
+    return make_request(state, count_chat_tokens(messages), _sampling(body, max_tokens), text, rid)
+
+
+def chat_handler(state: SimState) -> JsonHandler:
+    """POST /v1/chat/completions."""
+
+    async def chat(raw: bytes) -> tuple[int, Any]:
+        if not state.ready:
+            return NOT_READY
+        try:
+            body = parse_json(raw)
+            req = build_chat(state, body)
+        except (ValueError, TypeError) as exc:
+            return openai_error(str(exc))
+        done = await state.engine.submit(req)
+        return 200, chat_document(state, done, thinking_on(state, body))
+
+    return chat
+
+
+def openai_routes(state: SimState) -> list[Route]:
+    """Routes of the OpenAI-compatible API."""
+    return [
+        Route("/v1/completions", endpoint(completions_handler(state)), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint(chat_handler(state)), methods=["POST"]),
+    ]

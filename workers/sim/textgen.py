@@ -1,0 +1,92 @@
+"""Token counts, output lengths and filler text of the simulator.
+
+No tokenizer is loaded. Token counts are approximations: a prompt costs ``ceil(chars / 4)``
+tokens (about 4 characters per token for English text with BPE vocabularies), and a chat turn adds
+a small template overhead. Output text is made of 3-letter words plus a space, so it re-counts to
+the same number of tokens under the same rule, and is built by slicing, never token by token.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+# Qwen-style chat template: "<|im_start|>{role}\n" + "<|im_end|>\n" ~ 5 tokens per message, and
+# "<|im_start|>assistant\n" ~ 3 tokens for the generation prompt. Approximate.
+CHAT_TOKENS_PER_MESSAGE = 5
+CHAT_GENERATION_PROMPT_TOKENS = 3
+# Share of a thinking-mode output that is reasoning. Not measured: the workload only says the
+# traces are long; the sim puts the first 80 % of the drawn length in reasoning_content.
+REASONING_SHARE = 0.8
+
+_WORDS = ("the", "sim", "ran", "one", "new", "map", "for", "all", "key", "row", "set", "tag")
+_UNIT = " ".join(_WORDS) + " "
+# Token ids that stand for the filler words (arbitrary ids inside a 150k vocabulary).
+_IDS = [1782, 4497, 10613, 825, 501, 2415, 369, 678, 1376, 2802, 738, 4772]
+
+
+def count_text_tokens(text: str) -> int:
+    """Approximate prompt tokens of ``text``: ``ceil(chars / 4)``, at least 1."""
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _content_chars(content: Any) -> int:
+    """Characters of an OpenAI message content (a string or a list of text parts)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+    return 0
+
+
+def count_chat_tokens(messages: list[Any]) -> int:
+    """Approximate prompt tokens of a chat conversation, template overhead included."""
+    total = CHAT_GENERATION_PROMPT_TOKENS
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        total += CHAT_TOKENS_PER_MESSAGE + math.ceil(_content_chars(content) / CHARS_PER_TOKEN)
+    return total
+
+
+def filler_text(tokens: int) -> str:
+    """Deterministic text of about ``tokens`` tokens (4 characters per token)."""
+    if tokens <= 0:
+        return ""
+    repeats = tokens // len(_WORDS) + 1
+    return (_UNIT * repeats)[: tokens * CHARS_PER_TOKEN - 1]
+
+
+def filler_ids(tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """Token ids matching :func:`filler_text`; the last one is ``eos_token_id`` when given."""
+    if tokens <= 0:
+        return []
+    ids = (_IDS * (tokens // len(_IDS) + 1))[:tokens]
+    if eos_token_id is not None:
+        ids[-1] = eos_token_id
+    return ids
+
+
+def reasoning_split(completion_tokens: int, drawn_tokens: int) -> tuple[int, int]:
+    """(reasoning, answer) tokens: the first 80 % of the drawn length is reasoning.
+
+    A request cut by its length limit inside the reasoning has no answer at all, as happens with
+    thinking models.
+    """
+    reasoning = min(completion_tokens, math.ceil(drawn_tokens * REASONING_SHARE))
+    return reasoning, completion_tokens - reasoning
+
+
+class OutputLengths:
+    """Log-normal output lengths with a given mean (workload.md: mean ~2,490 tokens)."""
+
+    def __init__(self, mean_tokens: float, sigma: float, seed: int | None) -> None:
+        self._rng = random.Random(seed)
+        self._sigma = sigma
+        # For a log-normal, mean = exp(mu + sigma^2 / 2).
+        self._mu = math.log(max(mean_tokens, 1.0)) - sigma * sigma / 2
+
+    def draw(self) -> int:
+        """One output length in tokens (at least 1)."""
+        return max(1, round(self._rng.lognormvariate(self._mu, self._sigma)))
