@@ -19,7 +19,7 @@ from celery import Celery
 
 from producer.enqueue import EnqueueReport, reconcile
 from workers import jobstate
-from workers.app import SHARED_QUEUE
+from workers.celery_app import SHARED_QUEUE
 from workers.errors import JobError
 from workers.jobs import JobSpec
 from workers.store import Store

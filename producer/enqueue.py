@@ -17,7 +17,7 @@ import redis
 from celery import Celery
 
 from workers import jobstate
-from workers.app import SHARED_QUEUE
+from workers.celery_app import SHARED_QUEUE
 from workers.errors import InputError, JobError
 from workers.jobs import (
     JobSpec,
@@ -129,7 +129,8 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
 def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,
             batch_size: int | None, sampling: SamplingSpec, rows: Iterable[PromptRow],
             on_batch: Callable[[int, int], None] | None = None,
-            default_batch_size: int = 500) -> EnqueueReport:
+            default_batch_size: int = 500,
+            before_reconcile: Callable[[JobSpec], None] | None = None) -> EnqueueReport:
     """Record, stage and enqueue a job (or resume it); see the module docstring."""
     old = _existing_spec(store, job)
     size = batch_size or (old.batch_size if old else default_batch_size)
@@ -153,6 +154,8 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: st
         save_spec(store, spec)
     report.spec = spec
     jobstate.register_job(r, job, spec.model_dump_json())
+    if before_reconcile:  # result reuse (producer/reuse.py) fills batches here
+        before_reconcile(spec)
     reconcile(store, r, app, spec, report)
     return report
 

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from workers import jobstate
-from workers.app import SHARED_QUEUE
+from workers.celery_app import SHARED_QUEUE
 from workers.jobs import (
     JobSpec,
     batch_of_result_key,

@@ -1,9 +1,32 @@
-"""GPU workers: the Celery app, the engine each worker owns, and the batch task."""
+"""GPU workers: the Celery app, the engine each worker owns, and the batch task.
 
-from workers.app import make_app
-from workers.signals import EngineStep
+``celery -A workers`` finds the app as ``workers.app``; it is built on first access so that
+``python -m workers.sim`` (an engine, restarted often) does not pay for importing Celery.
+"""
 
-app = make_app()
-app.steps["worker"].add(EngineStep)
+from __future__ import annotations
 
-__all__ = ["app"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+_app: Celery | None = None
+
+
+def get_app() -> Celery:
+    """The fleet's Celery app (built once per process)."""
+    global _app
+    if _app is None:
+        from workers.celery_app import make_app
+        from workers.signals import EngineStep
+
+        _app = make_app()
+        _app.steps["worker"].add(EngineStep)
+    return _app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        return get_app()
+    raise AttributeError(f"module 'workers' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from celery import bootsteps, signals
 
 from config.settings import load_settings
 from workers import context
-from workers.app import SHARED_QUEUE
+from workers.celery_app import SHARED_QUEUE
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
 

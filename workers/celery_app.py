@@ -60,7 +60,8 @@ def celery_config(s: Settings) -> dict[str, object]:
         "task_track_started": True,
         "task_default_queue": SHARED_QUEUE,
         "task_queues": [Queue(SHARED_QUEUE), Queue(SINK_QUEUE)],
-        "task_routes": {"fleet.run_batch": {"queue": SHARED_QUEUE}},
+        "task_routes": {"fleet.run_batch": {"queue": SHARED_QUEUE},
+                        "fleet.sink_job": {"queue": SINK_QUEUE}},
         "worker_hijack_root_logger": True,
     }
 
@@ -69,5 +70,5 @@ def make_app(settings: Settings | None = None) -> Celery:
     """Build the Celery app with the fleet's settings and tasks."""
     app = Celery("workers")
     app.conf.update(celery_config(settings or load_settings()))
-    app.conf.imports = ("workers.tasks", "workers.signals", "workers.control")
+    app.conf.imports = ("workers.tasks", "workers.signals", "workers.control", "workers.sink")
     return app
