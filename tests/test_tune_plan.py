@@ -1,0 +1,82 @@
+"""``tune plan`` and the throughput model behind it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.tune import throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = ROOT / "tests" / "fixtures" / "tune" / "snapshots" / "baseline_mamba_slots"
+
+
+def _plan(*args: str) -> dict:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.tune",
+            "plan",
+            "--gpus",
+            "7",
+            "--prompts",
+            "913786",
+            "--avg-output-tokens",
+            "2490",
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_plan_for_the_workloads_two_profiles_on_b200s():
+    before = _plan(
+        "--profile",
+        "qwen36-27b-baseline",
+        "--gpu-price-per-hour",
+        "4",
+        "--gpu-memory-mib",
+        "183359",
+    )
+    after = _plan(
+        "--profile", "qwen36-27b", "--gpu-price-per-hour", "4", "--gpu-memory-mib", "183359"
+    )
+    assert (before["running_per_gpu"], after["running_per_gpu"]) == (16, 40)
+    assert (before["tok_s_per_gpu"], after["tok_s_per_gpu"]) == (2000, 3500)
+    assert (before["tok_s_total"], after["tok_s_total"]) == (14000, 24500)
+    # 913,786 x 2,490 tokens at 14,000 / 24,500 tok/s.
+    assert (before["eta_hours"], after["eta_hours"]) == (45.1, 25.8)
+    assert before["cost"] == pytest.approx(45.14 * 7 * 4, abs=2)
+    assert after["predicted"]["mamba_slots"] == 200
+
+
+def test_plan_calibrated_from_a_snapshot_uses_its_measured_throughput():
+    out = _plan("--profile", "qwen36-27b", "--snapshot", str(BASELINE))
+    assert out["running_per_gpu"] == 40
+    assert "scaled to 16->2001 tok/s" in out["throughput_model"]
+    assert out["tok_s_per_gpu"] == 3502
+
+
+def test_throughput_curve_through_the_workloads_two_points():
+    model = throughput.fit([(16, 2000.0), (40, 3500.0)])
+    assert model.peak_tok_s == pytest.approx(7000, rel=1e-6)
+    assert model.half_n == pytest.approx(40, rel=1e-6)
+    assert model.knee() == 120
+
+
+def test_throughput_curve_that_stops_growing_is_flat_and_one_point_keeps_the_prior_knee():
+    flat = throughput.fit([(24, 3420.0), (32, 3400.0), (40, 3390.0)])
+    assert flat.half_n == 0.0 and flat.marginal_share(40) == 0.0
+    scaled = throughput.fit([(16, 1000.0)])
+    assert scaled.half_n == throughput.WORKLOAD.half_n
+    assert scaled.tok_s(16) == pytest.approx(1000.0)

@@ -1,0 +1,248 @@
+"""Facts read from an SGLang engine log: the startup memory lines and the periodic batch lines.
+
+The patterns follow the f-strings of SGLang 0.5.10/0.5.11 (``shared/facts/sglang.md`` §5):
+``[%(asctime)s{ DPr}{ PPr}{ TPr}] message``. "GB" in these lines means GiB. Lines without
+the bracketed prefix (another logger format) are read as bare messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_PREFIX = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(?P<ranks>[^\]]*)\] ")
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+
+_WEIGHT_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
+_WEIGHT_END = re.compile(rf"Load weight end\..*avail mem={_NUM} GB, mem usage={_NUM} GB")
+_MAMBA = re.compile(
+    rf"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), "
+    rf"conv_state size: {_NUM}\s*GB, ssm_state size: {_NUM}\s*GB"
+)
+_MAMBA_SPEC = re.compile(
+    rf"intermediate_ssm_state_cache size: {_NUM}\s*GB "
+    rf"intermediate_conv_window_cache size: {_NUM}\s*GB"
+)
+_KV_MHA = re.compile(
+    rf"KV Cache is allocated\. #tokens: (\d+), K size: {_NUM} GB, V size: {_NUM} GB"
+)
+_KV_MLA = re.compile(rf"KV Cache is allocated\. #tokens: (\d+), KV size: {_NUM} GB")
+_POOL_END = re.compile(rf"Memory pool end\. avail mem={_NUM} GB")
+_GRAPH_END = re.compile(rf"Capture cuda graph end\..*mem usage={_NUM} GB\. avail mem={_NUM} GB")
+_SCHEDULER = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+    rf"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem={_NUM} GB"
+)
+_SPEC_RESET = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
+_OVERLAP_OFF = "Disabling overlap schedule since mamba no_buffer"
+_BATCH = re.compile(r"^(Decode|Prefill) batch(?: \[\d+\])?, (.*)$")
+_SERVER_ARGS = re.compile(r"server_args=ServerArgs\((.*)\)\s*$")
+_ARG = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,()\[\]]+)")
+
+
+@dataclass(frozen=True)
+class MambaAlloc:
+    """The ``Mamba Cache is allocated`` line (sizes in GiB)."""
+
+    slots: int
+    conv_gib: float
+    ssm_gib: float
+    intermediate_ssm_gib: float | None = None
+    intermediate_conv_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerLine:
+    """The scheduler's ``max_total_num_tokens=…, max_running_requests=…`` startup line."""
+
+    max_total_num_tokens: int
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    max_running_requests: int
+    context_len: int
+    available_gpu_mem_gib: float
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One periodic ``Decode batch`` or ``Prefill batch`` line as key -> value."""
+
+    kind: str  # "decode" | "prefill"
+    timestamp: str | None
+    fields: dict[str, float | bool | str]
+
+    def number(self, *keys: str) -> float | None:
+        """The first of ``keys`` present as a number."""
+        for key in keys:
+            value = self.fields.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        return None
+
+
+@dataclass
+class LogFacts:
+    """Everything the tuner reads from one engine log."""
+
+    weights_begin_avail_gib: float | None = None
+    weights_end_avail_gib: float | None = None
+    weights_gib: float | None = None
+    draft_weights_gib: float | None = None
+    mamba: MambaAlloc | None = None
+    kv_tokens: int | None = None
+    kv_gib: float | None = None
+    pool_end_avail_gib: float | None = None
+    graph_gib: float | None = None
+    graph_end_avail_gib: float | None = None
+    scheduler: SchedulerLine | None = None
+    spec_reset_to: int | None = None
+    overlap_disabled_by_no_buffer: bool = False
+    # The resolved ServerArgs SGLang prints at launch (scalar fields only).
+    server_args: dict[str, str | int | float | bool | None] = field(default_factory=dict)
+    batches: list[BatchLine] = field(default_factory=list)
+
+    def decode_lines(self) -> list[BatchLine]:
+        """The decode lines, oldest first."""
+        return [b for b in self.batches if b.kind == "decode"]
+
+
+def _value(text: str) -> float | bool | str:
+    text = text.strip()
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _arg_value(text: str) -> str | int | float | bool | None:
+    text = text.strip()
+    if text[:1] in ("'", '"'):
+        return text[1:-1]
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_server_args(message: str) -> dict[str, str | int | float | bool | None]:
+    """Scalar fields of a ``server_args=ServerArgs(...)`` line ({} if it is not one)."""
+    match = _SERVER_ARGS.search(message)
+    if not match:
+        return {}
+    return {key: _arg_value(value) for key, value in _ARG.findall(match.group(1))}
+
+
+def parse_batch(message: str, timestamp: str | None = None) -> BatchLine | None:
+    """Parse a ``Decode batch, …`` / ``Prefill batch, …`` message, or None."""
+    match = _BATCH.match(message)
+    if not match:
+        return None
+    fields: dict[str, float | bool | str] = {}
+    for part in match.group(2).split(", "):
+        key, sep, value = part.partition(": ")
+        if sep:
+            fields[key.strip()] = _value(value.rstrip(","))
+    return BatchLine(match.group(1).lower(), timestamp, fields)
+
+
+def _split(line: str) -> tuple[str | None, str]:
+    match = _PREFIX.match(line)
+    if not match:
+        return None, line.strip()
+    return match.group("ts"), line[match.end() :].strip()
+
+
+def _read_mamba(message: str) -> MambaAlloc | None:
+    match = _MAMBA.search(message)
+    if not match:
+        return None
+    spec = _MAMBA_SPEC.search(message)
+    return MambaAlloc(
+        slots=int(match.group(1)),
+        conv_gib=float(match.group(2)),
+        ssm_gib=float(match.group(3)),
+        intermediate_ssm_gib=float(spec.group(1)) if spec else None,
+        intermediate_conv_gib=float(spec.group(2)) if spec else None,
+    )
+
+
+def _read_kv(message: str, facts: LogFacts) -> None:
+    if facts.kv_tokens is not None:
+        return  # the draft model's own (small) KV pool comes second
+    if match := _KV_MHA.search(message):
+        facts.kv_tokens = int(match.group(1))
+        facts.kv_gib = float(match.group(2)) + float(match.group(3))
+    elif match := _KV_MLA.search(message):
+        facts.kv_tokens = int(match.group(1))
+        facts.kv_gib = float(match.group(2))
+
+
+def _read_weights(message: str, facts: LogFacts) -> None:
+    if match := _WEIGHT_BEGIN.search(message):
+        if facts.weights_begin_avail_gib is None:
+            facts.weights_begin_avail_gib = float(match.group(1))
+    elif match := _WEIGHT_END.search(message):
+        if facts.weights_gib is None:
+            facts.weights_end_avail_gib = float(match.group(1))
+            facts.weights_gib = float(match.group(2))
+        else:  # the speculative draft model loads after the target
+            facts.draft_weights_gib = float(match.group(2))
+
+
+def _read_graph_and_pool(message: str, facts: LogFacts) -> None:
+    if match := _POOL_END.search(message):
+        if facts.pool_end_avail_gib is None:
+            facts.pool_end_avail_gib = float(match.group(1))
+    elif match := _GRAPH_END.search(message):
+        if facts.graph_gib is None:
+            facts.graph_gib = float(match.group(1))
+            facts.graph_end_avail_gib = float(match.group(2))
+
+
+def _read_scheduler(message: str, facts: LogFacts) -> None:
+    if match := _SCHEDULER.search(message):
+        t, c, p, r, ctx, avail = match.groups()
+        facts.scheduler = SchedulerLine(int(t), int(c), int(p), int(r), int(ctx), float(avail))
+    elif match := _SPEC_RESET.search(message):
+        facts.spec_reset_to = int(match.group(1))
+    elif _OVERLAP_OFF in message:
+        facts.overlap_disabled_by_no_buffer = True
+
+
+def _read_line(line: str, facts: LogFacts) -> None:
+    timestamp, message = _split(line)
+    batch = parse_batch(message, timestamp)
+    if batch is not None:
+        facts.batches.append(batch)
+        return
+    if not facts.server_args and "server_args=ServerArgs(" in message:
+        facts.server_args = parse_server_args(message)
+        return
+    mamba = _read_mamba(message)
+    if mamba is not None:
+        facts.mamba = facts.mamba or mamba
+        return
+    _read_kv(message, facts)
+    _read_weights(message, facts)
+    _read_graph_and_pool(message, facts)
+    _read_scheduler(message, facts)
+
+
+def parse_log(text: str) -> LogFacts:
+    """Read the startup arithmetic and batch lines from an engine log (the last start wins).
+
+    Within one start the target model comes first and the speculative draft model second
+    (both log weights, KV pool and CUDA graphs); the scheduler line closes the start.
+    """
+    facts = LogFacts()
+    for line in text.splitlines():
+        if "Load weight begin" in line and facts.scheduler is not None:
+            facts = LogFacts()  # a restart: only the latest start describes the pools
+        _read_line(line, facts)
+    return facts

@@ -1,0 +1,92 @@
+"""Read SGLang's Prometheus text (``/metrics``) under either spelling of its names.
+
+The engine exports ``sglang:num_running_reqs``; routers, some dashboards and
+``/v1/loads?format=prometheus`` write ``sglang_num_running_reqs`` (``shared/facts/sglang.md``
+§2, §7). Samples are stored under the bare name (``num_running_reqs``), remembering the
+spelling they came with so evidence can cite the exact metric.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$"
+)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_PREFIXES = ("sglang:", "sglang_")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample line: its labels and value."""
+
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class MetricSet:
+    """Samples by bare metric name (``sglang:`` / ``sglang_`` prefix removed)."""
+
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    spelling: dict[str, str] = field(default_factory=dict)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.samples
+
+    def source(self, name: str) -> str:
+        """The metric's name as the engine wrote it, for evidence."""
+        return f"{self.spelling.get(name, 'sglang:')}{name}"
+
+    def values(self, name: str, **labels: str) -> list[float]:
+        """Values of ``name`` whose labels include ``labels``; NaN samples are skipped."""
+        out = []
+        for sample in self.samples.get(name, []):
+            if all(sample.labels.get(k) == v for k, v in labels.items()):
+                if not math.isnan(sample.value):
+                    out.append(sample.value)
+        return out
+
+    def total(self, name: str, **labels: str) -> float | None:
+        """Sum over matching samples (e.g. over DP ranks), or None if there are none."""
+        found = self.values(name, **labels)
+        return sum(found) if found else None
+
+    def mean(self, name: str, **labels: str) -> float | None:
+        """Mean over matching samples (for ratios such as usage), or None."""
+        found = self.values(name, **labels)
+        return sum(found) / len(found) if found else None
+
+
+def _bare(name: str) -> tuple[str, str] | None:
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            return prefix, name[len(prefix) :]
+    return None
+
+
+def parse_metrics(text: str) -> MetricSet:
+    """Parse Prometheus exposition text, keeping only SGLang's metrics."""
+    metrics = MetricSet()
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        bare = _bare(match.group("name"))
+        if bare is None:
+            continue
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            continue
+        prefix, name = bare
+        labels = dict(_LABEL.findall(match.group("labels") or ""))
+        metrics.samples.setdefault(name, []).append(Sample(labels, value))
+        metrics.spelling.setdefault(name, prefix)
+    return metrics

@@ -1,0 +1,219 @@
+"""The levers the tuner can pull, each predicted with the memory model, and the choice among them.
+
+For a running cap (``shared/facts/sglang.md`` §4 "Levers"):
+
+- more Mamba slots with the current cache mode, and ``--max-running-requests = slots // R``
+  set explicitly (mandatory with speculative decoding: otherwise 48, and the speculative
+  intermediate states are reserved for requests that can never run);
+- ``--disable-radix-cache`` (R = 1 instead of 5 under ``extra_buffer`` + overlap): only
+  when the prompts share almost no prefix, which the cache hit rate shows;
+- ``--mamba-ssm-dtype bfloat16`` (half the SSM state per slot): an accuracy trade-off, so
+  only when it beats the best lossless option by a clear margin;
+- a higher ``--mem-fraction-static`` where NVML shows memory that is really free.
+
+For KV capacity: the free memory, fewer Mamba slots where they sit idle, and FP8 KV (lossy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from workers import capacity
+from workers.tune.flags import FlagMap, apply_changes, flag_changes
+from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction
+from workers.tune.throughput import ThroughputModel
+
+# Prompts sharing less than this share of their tokens gain nothing from the radix cache.
+NO_RADIX_MAX_HIT_RATE = 0.1
+# A lossy lever (bf16 SSM state, FP8 KV) must beat the best lossless one by this much.
+LOSSY_MIN_GAIN = 0.2
+# KV-capacity levers must add at least this share of KV tokens to be worth a restart.
+KV_MIN_GAIN = 0.1
+# A mem-fraction-static raise smaller than this share of the GPU is not worth its risk.
+MIN_FRACTION_STEP = 0.02
+
+NO_RADIX = {"disable-radix-cache": True, "mamba-scheduler-strategy": None}
+BF16_SSM = {"mamba-ssm-dtype": "bfloat16"}
+FP8_KV = {"kv-cache-dtype": "fp8_e4m3"}
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the option search needs to know about the running engine."""
+
+    flags: FlagMap
+    current_cap: int
+    context_len: int
+    kv_tokens_per_request: float
+    cache_hit_rate: float | None
+    fraction: float  # resolved mem_fraction_static of the running engine
+    extra_fraction: float  # what NVML says could be added to it
+    throughput: ThroughputModel
+
+    def raised_fraction(self) -> dict[str, Any]:
+        """The mem-fraction-static change using the free memory, or {} if there is none."""
+        if self.extra_fraction < MIN_FRACTION_STEP:
+            return {}
+        return {"mem-fraction-static": round(self.fraction + self.extra_fraction, 2)}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One candidate flag change and what the memory and throughput models predict for it."""
+
+    name: str
+    changes: dict[str, Any]
+    prediction: Prediction | None
+    tok_s: float
+    lossy: bool
+    eligible: bool
+    note: str
+
+    @property
+    def cap(self) -> int:
+        """Predicted effective running cap (0 if it does not fit)."""
+        return self.prediction.cap if self.prediction else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The option as reported under ``recommendation.options``."""
+        return {
+            "name": self.name,
+            "flags": self.changes,
+            "predicted": self.prediction.to_json() if self.prediction else None,
+            "predicted_tok_s": round(self.tok_s),
+            "lossy": self.lossy,
+            "eligible": self.eligible,
+            "note": self.note,
+        }
+
+
+def _ratio(model: MemoryModel, flags: FlagMap) -> int:
+    return capacity.mamba_ratio(model.engine_flags(flags))
+
+
+def _sized(model: MemoryModel, flags: FlagMap, running: int) -> FlagMap:
+    """``flags`` with slots and cap sized for ``running`` requests."""
+    sized = dict(flags, **{"max-running-requests": running})
+    if model.shape.hybrid:
+        sized["max-mamba-cache-size"] = running * _ratio(model, flags)
+    return sized
+
+
+def _fits(model: MemoryModel, flags: FlagMap, running: int, sit: Situation) -> Prediction | None:
+    try:
+        pred = model.predict(_sized(model, flags, running))
+    except DoesNotFit:
+        return None
+    enough_kv = pred.plan.max_total_num_tokens >= running * sit.kv_tokens_per_request
+    return pred if enough_kv and pred.cap == running else None
+
+
+def largest_fit(model: MemoryModel, flags: FlagMap, sit: Situation) -> Prediction | None:
+    """The prediction for the most running requests (up to the knee) that fit in memory."""
+    lo, hi, best = 1, sit.throughput.knee(), None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        pred = _fits(model, flags, mid, sit)
+        if pred is None:
+            hi = mid - 1
+        else:
+            best, lo = pred, mid + 1
+    return best
+
+
+def _variants(sit: Situation, hybrid: bool) -> Iterator[tuple[str, dict[str, Any], bool, str]]:
+    """(name, changes, lossy, eligibility note) for every running-cap variant."""
+    fractions: list[dict[str, Any]] = [{}]
+    if sit.raised_fraction():
+        fractions.append(sit.raised_fraction())
+    modes: list[tuple[str, dict[str, Any]]] = [("more_slots", {})]
+    dtypes: list[tuple[str, dict[str, Any]]] = [("", {})]
+    if hybrid:
+        modes.append(("no_radix", NO_RADIX))
+        dtypes.append(("+bf16_ssm", BF16_SSM))
+    for mode, mode_changes in modes:
+        for suffix, dtype_changes in dtypes:
+            for fraction in fractions:
+                name = mode + suffix + ("+mem_fraction" if fraction else "")
+                changes = {**mode_changes, **dtype_changes, **fraction}
+                yield name, changes, bool(dtype_changes), _eligibility(mode, sit)
+
+
+def _eligibility(mode: str, sit: Situation) -> str:
+    if mode != "no_radix":
+        return ""
+    if sit.cache_hit_rate is None:
+        return "not chosen: the prefix-cache hit rate is unknown"
+    if sit.cache_hit_rate >= NO_RADIX_MAX_HIT_RATE:
+        return f"not chosen: prompts share prefixes (cache hit rate {sit.cache_hit_rate:.1%})"
+    return ""
+
+
+def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
+    """Every running-cap lever, sized to the largest running count that fits."""
+    options = []
+    for name, changes, lossy, blocked in _variants(sit, model.shape.hybrid):
+        flags = apply_changes(sit.flags, changes)
+        pred = largest_fit(model, flags, sit)
+        if pred is not None:
+            changes = flag_changes(sit.flags, _sized(model, flags, pred.cap))
+        tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0
+        note = blocked or ("does not fit" if pred is None else "")
+        options.append(Option(name, changes, pred, tok_s, lossy, not blocked, note))
+    return options
+
+
+def _kv_variants(
+    model: MemoryModel, sit: Situation, mamba_usage: float | None
+) -> list[tuple[str, dict[str, Any], bool]]:
+    out: list[tuple[str, dict[str, Any], bool]] = []
+    if sit.raised_fraction():
+        out.append(("mem_fraction", sit.raised_fraction(), False))
+    if model.shape.hybrid and mamba_usage is not None and mamba_usage < 0.5:
+        ratio = _ratio(model, sit.flags)
+        out.append(("fewer_slots", {"max-mamba-cache-size": sit.current_cap * ratio}, False))
+    out.append(("fp8_kv", FP8_KV, True))
+    return out
+
+
+def kv_options(model: MemoryModel, sit: Situation, mamba_usage: float | None) -> list[Option]:
+    """Levers that add KV tokens, each predicted."""
+    options = []
+    for name, changes, lossy in _kv_variants(model, sit, mamba_usage):
+        try:
+            pred: Prediction | None = model.predict(apply_changes(sit.flags, changes))
+        except DoesNotFit:
+            pred = None
+        tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0
+        note = "" if pred else "does not fit"
+        options.append(Option(name, changes, pred, tok_s, lossy, True, note))
+    return options
+
+
+def choose(options: list[Option], key: str = "tok_s") -> Option | None:
+    """Best eligible option: lossless first; lossy only if it wins by LOSSY_MIN_GAIN."""
+
+    def score(o: Option) -> float:
+        """What ``key`` ranks options by."""
+        if key == "kv_tokens":
+            return float(o.prediction.plan.max_total_num_tokens) if o.prediction else 0.0
+        return o.tok_s
+
+    usable = [o for o in options if o.eligible and o.prediction is not None]
+    lossless = [o for o in usable if not o.lossy]
+    lossy = [o for o in usable if o.lossy]
+    best = max(lossless, key=score, default=None)
+    best_lossy = max(lossy, key=score, default=None)
+    if best_lossy is not None and (
+        best is None or score(best_lossy) > score(best) * (1 + LOSSY_MIN_GAIN)
+    ):
+        return best_lossy
+    return best
+
+
+def with_note(option: Option, note: str) -> Option:
+    """A copy of ``option`` with ``note``."""
+    return dataclasses.replace(option, note=note)

@@ -1,0 +1,52 @@
+"""``tune plan``: predicted running cap, throughput, ETA and cost of a job under a profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from config.launch_profile import LaunchProfile
+from workers.tune.memory_model import MemoryModel, catalog_model
+from workers.tune.throughput import WORKLOAD, ThroughputModel
+
+
+@dataclass(frozen=True)
+class JobSize:
+    """The job to plan for."""
+
+    gpus: int
+    prompts: int
+    avg_output_tokens: float
+    gpu_price_per_hour: float | None = None
+
+
+def plan(
+    profile: LaunchProfile,
+    job: JobSize,
+    gpu_memory_mib: int,
+    model: MemoryModel | None = None,
+    throughput: ThroughputModel = WORKLOAD,
+) -> dict[str, Any]:
+    """Predict the profile's cap with the memory model and the job's tok/s, ETA and cost."""
+    model = model or catalog_model(profile.flags, gpu_memory_mib, profile.env)
+    prediction = model.predict(profile.flags)
+    running = prediction.cap
+    if profile.client_concurrency:
+        running = min(running, profile.client_concurrency)
+    per_gpu = throughput.tok_s(running)
+    total_tokens = job.prompts * job.avg_output_tokens
+    hours = total_tokens / (per_gpu * job.gpus) / 3600 if per_gpu else float("inf")
+    out: dict[str, Any] = {
+        "profile": profile.name,
+        "gpu_memory_mib": gpu_memory_mib,
+        "predicted": prediction.to_json(),
+        "running_per_gpu": running,
+        "tok_s_per_gpu": round(per_gpu),
+        "tok_s_total": round(per_gpu * job.gpus),
+        "requests_per_s": round(per_gpu * job.gpus / job.avg_output_tokens, 2),
+        "eta_hours": round(hours, 1),
+        "throughput_model": throughput.source,
+    }
+    if job.gpu_price_per_hour is not None:
+        out["cost"] = round(hours * job.gpus * job.gpu_price_per_hour, 2)
+    return out

@@ -1,0 +1,191 @@
+"""Everything diagnose and its recommendation need about one engine, built from a snapshot.
+
+Brings together the readings, the launch flags, the memory model calibrated from the engine's
+own startup arithmetic, its prediction for the current flags (which must reproduce what the
+engine reports), and the throughput curve fitted to the engine's decode lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workers import capacity
+from workers.tune import throughput
+from workers.tune.flags import FlagMap, snapshot_flags
+from workers.tune.levers import Situation
+from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction, calibrate
+from workers.tune.readings import Reading, Readings, read_snapshot
+from workers.tune.throughput import ThroughputModel
+
+# Memory NVML must keep free after a mem-fraction-static raise: activations grow with the
+# batch, so leave the larger of 2 GiB and 3 % of the GPU.
+FREE_MARGIN_GIB = 2.0
+FREE_MARGIN_SHARE = 0.03
+# KV tokens budgeted per running request, as a share of the context: every request may grow
+# to the context limit (thinking traces have a long tail), and the simulator, which never
+# retracts, admits a request only when its prompt plus whole output budget fits.
+KV_CONTEXT_SHARE = 1.0
+
+
+class InsufficientEvidence(ValueError):
+    """The snapshot lacks the readings needed to name a binding constraint."""
+
+
+@dataclass
+class EngineView:
+    """One engine as the tuner understands it."""
+
+    readings: Readings
+    flags: FlagMap
+    model: MemoryModel
+    current: Prediction | None
+    throughput: ThroughputModel
+    throughput_points: list[tuple[float, float]]
+    derived: dict[str, Reading]
+
+    def value(self, name: str) -> Any:
+        """A reading's or derived value's value, or None."""
+        if name in self.derived:
+            return self.derived[name].value
+        return self.readings.get(name)
+
+    def evidence(self, *names: str) -> list[dict[str, Any]]:
+        """Evidence entries for readings and derived values, in the order named."""
+        out = []
+        for name in names:
+            if name in self.derived:
+                out.append(self.derived[name].as_evidence())
+            else:
+                out.extend(self.readings.evidence(name))
+        return out
+
+
+def _gpu_memory_mib(readings: Readings, override: int | None) -> int:
+    """GPU memory for the model: the override (a simulated GPU), else NVML, else the log."""
+    if override:
+        return override
+    total = readings.get("gpu_memory_total_mib")
+    if total:
+        return int(total)
+    before = readings.log.weights_begin_avail_gib
+    if before:
+        return math.ceil(before * 1024)
+    raise InsufficientEvidence("GPU memory unknown (no NVML section): pass --gpu-memory-mib")
+
+
+def _points(readings: Readings) -> list[tuple[float, float]]:
+    points = []
+    for line in readings.log.decode_lines():
+        running = line.number("#running-req")
+        tok_s = line.number("gen throughput (token/s)")
+        if running and tok_s:
+            points.append((running, tok_s))
+    return points
+
+
+def _predict_current(model: MemoryModel, flags: FlagMap) -> Prediction | None:
+    try:
+        return model.predict(flags)
+    except DoesNotFit:
+        return None
+
+
+def _derive(view: EngineView, gpu_mib: int) -> None:
+    d = view.derived
+    d["gpu_memory_mib"] = Reading("gpu_memory_mib", gpu_mib, "nvml, --gpu-memory-mib or log")
+    if view.current is not None:
+        plan = view.current.plan
+        strategy = view.flags.get("mamba-scheduler-strategy", "auto")
+        d["mamba_ratio"] = Reading(
+            "mamba_ratio",
+            plan.mamba_ratio,
+            f"memory model (_calculate_mamba_ratio): strategy={strategy}, "
+            f"radix={'off' if view.flags.get('disable-radix-cache') else 'on'}, "
+            f"overlap={'on' if plan.overlap_schedule else 'off'}",
+        )
+        d["stranded_gib"] = Reading(
+            "stranded_gib",
+            round(plan.memory_gib["free"], 2),
+            "memory model: pool reserved for speculative states of requests that cannot run",
+        )
+        d["predicted_cap"] = Reading("predicted_cap", plan.max_running_requests, "memory model")
+    if view.readings.get("running") and view.value("kv_used_tokens") is not None:
+        per = view.value("kv_used_tokens") / view.readings.get("running")
+        d["kv_tokens_per_running"] = Reading(
+            "kv_tokens_per_running", round(per), "kv_used_tokens / running"
+        )
+    if view.throughput_points:
+        d["throughput_fit"] = Reading(
+            "throughput_half_n", round(view.throughput.half_n, 1), view.throughput.source
+        )
+
+
+def view_from_snapshot(
+    snapshot: Mapping[str, Any], gpu_memory_mib: int | None = None
+) -> EngineView:
+    """Build the engine view; raises InsufficientEvidence without running/queue readings."""
+    readings = read_snapshot(snapshot)
+    missing = [n for n in ("running", "queued") if n not in readings]
+    if missing:
+        raise InsufficientEvidence(f"no reading for {', '.join(missing)} in the snapshot")
+    flags = snapshot_flags(snapshot)
+    gpu_mib = _gpu_memory_mib(readings, gpu_memory_mib or snapshot.get("gpu_memory_mib"))
+    env = (snapshot.get("profile") or {}).get("env") or {}
+    model = calibrate(flags, gpu_mib, readings.log, snapshot.get("server_info"), env)
+    points = _points(readings)
+    view = EngineView(
+        readings, flags, model, _predict_current(model, flags), throughput.fit(points), points, {}
+    )
+    _derive(view, gpu_mib)
+    return view
+
+
+def effective_cap(view: EngineView) -> int:
+    """The engine's effective running cap: reported, else predicted."""
+    cap = view.readings.get("effective_cap") or view.value("predicted_cap")
+    if not cap:
+        raise InsufficientEvidence("no effective running cap reported or predicted")
+    return int(cap)
+
+
+def extra_fraction(view: EngineView) -> float:
+    """mem-fraction-static that NVML's free memory allows adding (0 when unknown)."""
+    free_mib = view.readings.get("gpu_memory_free_mib")
+    total_mib = view.readings.get("gpu_memory_total_mib")
+    if free_mib is None or not total_mib:
+        return 0.0
+    total_gib = total_mib / 1024
+    stranded = view.value("stranded_gib") or 0.0
+    margin = max(FREE_MARGIN_GIB, FREE_MARGIN_SHARE * total_gib)
+    room = free_mib / 1024 - stranded - margin
+    return max(0.0, math.floor(room / total_gib * 100) / 100)
+
+
+def kv_need_per_request(context_len: int) -> float:
+    """KV tokens to budget per running request."""
+    return context_len * KV_CONTEXT_SHARE
+
+
+def situation(view: EngineView) -> Situation:
+    """The option search's inputs for this engine."""
+    plan = view.current.plan if view.current else None
+    context_len = int(view.readings.get("context_len") or (plan.context_len if plan else 8192))
+    fraction = plan.mem_fraction_static if plan else 0.0
+    return Situation(
+        flags=view.flags,
+        current_cap=effective_cap(view),
+        context_len=context_len,
+        kv_tokens_per_request=kv_need_per_request(context_len),
+        cache_hit_rate=view.readings.get("cache_hit_rate"),
+        fraction=fraction,
+        extra_fraction=extra_fraction(view),
+        throughput=view.throughput,
+    )
+
+
+def is_speculative(view: EngineView) -> bool:
+    """Whether the engine runs speculative decoding."""
+    return capacity.speculative(view.model.engine_flags(view.flags))

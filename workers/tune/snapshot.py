@@ -1,0 +1,148 @@
+"""One engine's state as one JSON object: NVML, /server_info, /v1/loads, /metrics, log, client.
+
+Every section is optional when reading; a section that could not be captured is absent and
+``unavailable`` says why. A snapshot can also be read from a folder of raw captures
+(``engine.log``, ``metrics.txt``, ``server_info.json``, ``loads.json``, ``gpu.json``,
+``client.json``, ``profile.json``), which is how evidence copied off a real machine is fed in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.tune import gpu
+
+Snapshot = dict[str, Any]
+
+# Batch lines kept from the engine log (the startup lines of the latest start are all kept).
+LOG_BATCH_LINES = 400
+
+RAW_FILES = {
+    "log": "engine.log",
+    "metrics": "metrics.txt",
+    "server_info": "server_info.json",
+    "loads": "loads.json",
+    "gpu": "gpu.json",
+    "client": "client.json",
+    "profile": "profile.json",
+}
+
+
+class SnapshotError(ValueError):
+    """A snapshot file cannot be read."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to find one GPU's engine and its log."""
+
+    gpu: int
+    base_url: str
+    log_path: Path
+    timeout_s: float = 5.0
+
+
+def read_log(path: Path) -> str:
+    """The latest start's startup lines and the most recent batch lines of an engine log.
+
+    The worker appends every restart to the same file, and a long run writes megabytes of
+    batch lines, so the file is streamed once and only what the tuner reads is kept.
+    """
+    startup: list[str] = []
+    batches: deque[str] = deque(maxlen=LOG_BATCH_LINES)
+    started = False  # the scheduler line of the current start has been seen
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if "Load weight begin" in line and started:
+                startup, started = [], False
+                batches.clear()
+            if "Decode batch" in line or "Prefill batch" in line:
+                batches.append(line)
+            elif not started:
+                startup.append(line)
+            started = started or "max_total_num_tokens=" in line
+    return "".join(startup) + "".join(batches)
+
+
+def _get(client: httpx.Client, path: str) -> httpx.Response:
+    response = client.get(path)
+    response.raise_for_status()
+    return response
+
+
+def _engine_sections(target: Target, out: Snapshot, why: dict[str, str]) -> None:
+    fetches: dict[str, tuple[str, Callable[[httpx.Response], Any]]] = {
+        "server_info": ("/server_info", lambda r: r.json()),
+        "loads": ("/v1/loads?include=all", lambda r: r.json()),
+        "metrics": ("/metrics", lambda r: r.text),
+    }
+    with httpx.Client(base_url=target.base_url, timeout=target.timeout_s) as client:
+        for section, (path, decode) in fetches.items():
+            try:
+                out[section] = decode(_get(client, path))
+            except (httpx.HTTPError, ValueError) as exc:
+                why[section] = f"GET {target.base_url}{path}: {exc}"
+
+
+def capture(
+    target: Target,
+    client: dict[str, Any] | None = None,
+    profile: dict[str, Any] | None = None,
+) -> Snapshot:
+    """Capture every section available for ``target`` right now."""
+    out: Snapshot = {"captured_at": time.time(), "gpu_index": target.gpu}
+    why: dict[str, str] = {}
+    section, reason = gpu.read_section(target.gpu)
+    if section is not None:
+        out["gpu"] = section
+    else:
+        why["gpu"] = reason or "unknown"
+    _engine_sections(target, out, why)
+    try:
+        out["log"] = read_log(target.log_path)
+    except OSError as exc:
+        why["log"] = f"{target.log_path}: {exc}"
+    for name, value in (("client", client), ("profile", profile)):
+        if value is not None:
+            out[name] = value
+        else:
+            why[name] = "not available"
+    out["unavailable"] = why
+    return out
+
+
+def _read_folder(folder: Path) -> Snapshot:
+    out: Snapshot = {}
+    for section, name in RAW_FILES.items():
+        path = folder / name
+        if not path.exists():
+            continue
+        text = path.read_text()
+        out[section] = json.loads(text) if name.endswith(".json") else text
+    return out
+
+
+def load(path: Path) -> Snapshot:
+    """Read a snapshot from a JSON file or a folder of raw captures."""
+    try:
+        if path.is_dir():
+            return _read_folder(path)
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SnapshotError(f"{path}: a snapshot is a JSON object")
+    return data
+
+
+def save(snapshot: Snapshot, path: Path) -> None:
+    """Write ``snapshot`` as indented JSON."""
+    path.write_text(json.dumps(snapshot, indent=1, sort_keys=True) + "\n")
