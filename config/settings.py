@@ -45,6 +45,9 @@ class S3Settings(BaseSettings):
     # Endpoint of an S3-compatible store (MinIO, moto); None means AWS itself.
     endpoint_url: str | None = None
     region: str | None = None
+    # Managed transfers: objects above the threshold go up (and down) in parts of chunk bytes.
+    multipart_threshold_bytes: int = 64 * 2**20
+    multipart_chunk_bytes: int = 16 * 2**20
 
 
 class Settings(BaseSettings):
@@ -91,6 +94,9 @@ class Settings(BaseSettings):
     retry_max_attempts: int = 5
     retry_base_s: float = 1.0
     retry_max_s: float = 30.0
+    # Store calls (results, staged inputs) retry this often, backing off up to the cap.
+    store_retry_attempts: int = 10
+    store_retry_max_s: float = 30.0
     # How long a batch waits for its engine to come back before handing the batch back.
     engine_wait_s: float = 900.0
     # A prompt in flight at this many engine crashes is quarantined as poison.
@@ -105,8 +111,28 @@ class Settings(BaseSettings):
     task_time_limit_s: int = 6 * 3600
     heartbeat_interval_s: float = 5.0
 
+    # --- observability (workers/metrics.py, workers/events.py) ----------------------------
+    # Each worker's Prometheus exporter listens on metrics_host:(metrics_base_port + GPU).
+    metrics_enabled: bool = True
+    metrics_host: str = "127.0.0.1"
+    metrics_base_port: int = 9360
+    # "Recent" output tokens/s (heartbeat, Flower, status) is measured over this window.
+    rate_window_s: float = 60.0
+    # A running batch sends at most one task-progress event (Flower) per this interval.
+    progress_event_interval_s: float = 2.0
+
     # --- producer -------------------------------------------------------------------------
     batch_size: int = 500
+
+    # --- sink (workers/sink.py) -----------------------------------------------------------
+    # A data-set shard is closed at the first batch boundary where its Parquet file reaches
+    # shard_target_bytes or it holds shard_rows rows.
+    shard_target_bytes: int = 256 * 2**20
+    shard_rows: int = 1_000_000
+    # Uncompressed row bytes buffered per Parquet row group.
+    shard_row_group_bytes: int = 64 * 2**20
+    # Enqueue fleet.sink_job when a job's last batch is done (see workers/sink.py).
+    sink_auto: bool = True
 
     sim: SimSettings = Field(default_factory=SimSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

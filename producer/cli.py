@@ -252,6 +252,26 @@ def jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> No
         out.print(render.jobs_table(rows))
 
 
+@cli.command()
+@friendly_errors
+def report(
+    job: str = typer.Option(..., "--job", help="Job name"),
+    out_dir: Path = typer.Option(..., "--out", help="Folder for report.md, summary.json, PNGs"),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
+) -> None:
+    """Write a report with plots: tokens/s per GPU, progress vs ETA, latency, finish reasons."""
+    from producer.report import build_report
+
+    settings = load_settings()
+    store, r = _open(settings)
+    summary = build_report(r, store, load_spec(store, job), out_dir)
+    if as_json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        err.print(f"report of job {job}: {out_dir / 'report.md'} "
+                  f"({len(summary['files']) - 1} plots)", soft_wrap=True)
+
+
 def main() -> None:
     """Entry point of ``python -m producer``."""
     try:

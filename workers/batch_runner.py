@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import orjson
 
 from config.settings import Settings
-from workers import jobstate
+from workers import jobstate, sink
 from workers.crashes import CrashTracker
 from workers.engine_client import Completion, EngineClient, Sampling
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
@@ -281,6 +281,7 @@ class BatchRunner:
             keys=[keys.done, keys.pending, keys.running, keys.progress(self.batch)],
             args=[self.batch],
         )
+        await sink.trigger_when_done(self.env.redis, self.spec, self.env.settings)
         return self._summary(rows, time.monotonic() - t0)
 
     def _summary(self, rows: list[dict[str, Any]], secs: float) -> dict[str, Any]:

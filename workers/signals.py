@@ -16,7 +16,7 @@ from celery import bootsteps, signals
 
 from config.settings import load_settings
 from workers import context
-from workers.celery_app import SHARED_QUEUE
+from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
 
@@ -30,9 +30,17 @@ def current_runtime() -> WorkerRuntime | None:
     return _runtime
 
 
+def _sink_only(app: object) -> bool:
+    """Whether this worker consumes only the sink queue (no GPU, no engine)."""
+    return list(app.amqp.queues.consume_from or {}) == [SINK_QUEUE]  # type: ignore[attr-defined]
+
+
 @signals.worker_init.connect
 def _on_worker_init(sender: object, **_: object) -> None:
     """Work out the GPU from -Q gpuN / FLEET_GPU and also consume the shared queue."""
+    if _sink_only(sender.app):  # type: ignore[attr-defined]
+        log.info("fleet sink worker %s: no GPU, no engine", getattr(sender, "hostname", "?"))
+        return
     settings = load_settings()
     # httpx logs every request at INFO: a health probe every few seconds drowns the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -56,6 +64,12 @@ class EngineStep(bootsteps.StartStopStep):
     def start(self, worker: object) -> None:
         """Launch the engine and wait for health (a model load can take minutes)."""
         global _runtime
+        if _sink_only(worker.app):  # type: ignore[attr-defined]
+            # No engine to start; the sink tasks' leases still need renewing.
+            from workers.sink import start_lease_keeper
+
+            start_lease_keeper(worker.app)  # type: ignore[attr-defined]
+            return
         settings = load_settings()
         opts = worker.app.conf.broker_transport_options or {}  # type: ignore[attr-defined]
         client = redis.Redis.from_url(settings.redis_url.get_secret_value())

@@ -8,15 +8,22 @@ visible only when its upload completes). Errors from the OS or botocore become S
 from __future__ import annotations
 
 import io
+import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol, TypeVar
 from urllib.parse import unquote, urlparse
 
 from config.settings import S3Settings
 from workers.errors import StoreError
+from workers.retry import RetryPolicy, backoff_s
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ObjectMissing(StoreError):
@@ -31,8 +38,14 @@ class Store(Protocol):
     def put(self, key: str, data: bytes) -> None:
         """Write ``data`` under ``key`` atomically (replacing any old object)."""
 
+    def put_stream(self, key: str, src: BinaryIO) -> None:
+        """Write what ``src`` yields under ``key`` atomically; nothing appears if it fails."""
+
     def get(self, key: str) -> bytes:
         """Read the object at ``key``; raise ObjectMissing when absent."""
+
+    def get_into(self, key: str, dst: BinaryIO) -> None:
+        """Copy the object at ``key`` into ``dst``; raise ObjectMissing when absent."""
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
@@ -62,22 +75,41 @@ class LocalStore:
 
     def put(self, key: str, data: bytes) -> None:
         """Write to a temporary file beside the target, fsync, then rename over it."""
+        self.put_stream(key, io.BytesIO(data))
+
+    def put_stream(self, key: str, src: BinaryIO) -> None:
+        """Copy ``src`` to a temporary file, fsync, rename; the temporary goes on failure."""
         path = self._path(key)
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                shutil.copyfileobj(src, fh, 8 * 2**20)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            tmp = None
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc}") from exc
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
 
     def get(self, key: str) -> bytes:
         """Read a whole object."""
         try:
             return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise ObjectMissing(key) from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc}") from exc
+
+    def get_into(self, key: str, dst: BinaryIO) -> None:
+        """Copy an object into ``dst`` in chunks."""
+        try:
+            with self._path(key).open("rb") as fh:
+                shutil.copyfileobj(fh, dst, 8 * 2**20)
         except FileNotFoundError as exc:
             raise ObjectMissing(key) from exc
         except OSError as exc:
@@ -118,9 +150,11 @@ class S3Store:
             "s3",
             endpoint_url=s3.endpoint_url,
             region_name=s3.region,
-            config=Config(retries={"max_attempts": 10, "mode": "adaptive"}),
+            # Few quick retries here; longer outages are the fleet's retry policy (settings).
+            config=Config(retries={"max_attempts": 3, "mode": "standard"}),
         )
-        self._transfer = TransferConfig(multipart_threshold=64 * 2**20)
+        self._transfer = TransferConfig(multipart_threshold=s3.multipart_threshold_bytes,
+                                        multipart_chunksize=s3.multipart_chunk_bytes)
 
     def __repr__(self) -> str:
         return f"<S3Store {self.url}>"
@@ -129,13 +163,15 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def put(self, key: str, data: bytes) -> None:
-        """Upload (multipart above 64 MiB); the object appears only when complete."""
+        """Upload (multipart above the threshold); the object appears only when complete."""
+        self.put_stream(key, io.BytesIO(data))
+
+    def put_stream(self, key: str, src: BinaryIO) -> None:
+        """Managed upload of ``src``; a failed multipart upload is aborted, so nothing shows."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self._client.upload_fileobj(
-                io.BytesIO(data), self.bucket, self._key(key), Config=self._transfer
-            )
+            self._client.upload_fileobj(src, self.bucket, self._key(key), Config=self._transfer)
         except (BotoCoreError, ClientError) as exc:
             raise StoreError(f"cannot write s3://{self.bucket}/{self._key(key)}: {exc}") from exc
 
@@ -146,6 +182,20 @@ class S3Store:
         try:
             obj = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             return obj["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectMissing(key) from exc
+            raise StoreError(f"cannot read {key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"cannot read {key}: {exc}") from exc
+
+    def get_into(self, key: str, dst: BinaryIO) -> None:
+        """Managed (ranged, parallel) download of an object into ``dst``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.download_fileobj(self.bucket, self._key(key), dst,
+                                          Config=self._transfer)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise ObjectMissing(key) from exc
@@ -189,6 +239,74 @@ class S3Store:
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except (BotoCoreError, ClientError) as exc:
             raise StoreError(f"cannot delete {key}: {exc}") from exc
+
+
+class RetryingStore:
+    """A store whose calls are retried with backoff on StoreError (never on ObjectMissing)."""
+
+    def __init__(self, inner: Store, policy: RetryPolicy,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.inner, self.policy, self._sleep = inner, policy, sleep
+        self.url = inner.url
+
+    def __repr__(self) -> str:
+        return f"<RetryingStore {self.inner!r} attempts={self.policy.max_attempts}>"
+
+    def _call(self, what: str, op: Callable[[], T], rewind: Callable[[], None] | None = None
+              ) -> T:
+        for attempt in range(1, self.policy.max_attempts + 1):
+            try:
+                return op()
+            except ObjectMissing:
+                raise
+            except StoreError as exc:
+                if attempt == self.policy.max_attempts:
+                    raise
+                delay = backoff_s(attempt, self.policy)
+                log.warning("store %s failed (%s); retry in %.1f s", what, exc, delay)
+                self._sleep(delay)
+                if rewind:
+                    rewind()
+        raise AssertionError("unreachable")
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write, retried."""
+        self._call(f"put {key}", lambda: self.inner.put(key, data))
+
+    def put_stream(self, key: str, src: BinaryIO) -> None:
+        """Upload a seekable stream, retried from where it started."""
+        start = src.tell()
+
+        def rewind() -> None:
+            src.seek(start)
+
+        self._call(f"put {key}", lambda: self.inner.put_stream(key, src), rewind)
+
+    def get(self, key: str) -> bytes:
+        """Read, retried."""
+        return self._call(f"get {key}", lambda: self.inner.get(key))
+
+    def get_into(self, key: str, dst: BinaryIO) -> None:
+        """Download into a seekable stream, retried (a partial copy is cut off first)."""
+        start = dst.tell()
+
+        def rewind() -> None:
+            dst.seek(start)
+            dst.truncate()
+
+        self._call(f"get {key}", lambda: self.inner.get_into(key, dst), rewind)
+
+    def exists(self, key: str) -> bool:
+        """HEAD, retried."""
+        return self._call(f"stat {key}", lambda: self.inner.exists(key))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """List, retried (the whole listing is read before it is returned)."""
+        return iter(self._call(f"list {prefix}", lambda: list(self.inner.list(prefix))))
+
+    def delete(self, key: str) -> None:
+        """Delete, retried."""
+        self._call(f"delete {key}", lambda: self.inner.delete(key))
 
 
 def open_store(url: str, s3: S3Settings | None = None) -> Store:

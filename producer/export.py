@@ -1,0 +1,140 @@
+"""``python -m producer export``: write a job's data set as Parquet, JSONL or OpenAI-batch output.
+
+The source is the aggregated data set (manifest.json and its shards, written by the sink);
+each shard is checked against the sha256 in the manifest before a row of it is used. The
+output appears only when complete (written beside PATH, then renamed over it).
+
+``openai-batch`` lines follow the OpenAI Batch output file: ``{"id", "custom_id",
+"response": {"status_code", "request_id", "body"}, "error"}``; the body is a
+``chat.completion`` for chat rows and a ``text_completion`` for plain prompts. Failed rows get
+``"response": null`` and ``"error": {"code", "message"}``. Every id is derived from the job
+and row index, so an export is reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from workers.errors import JobError, StoreError
+from workers.manifest import SCHEMA, load_manifest, row_bucket
+from workers.retry import RetryPolicy
+from workers.store import RetryingStore, Store
+
+FORMATS = ("parquet", "jsonl", "openai-batch")
+
+
+def shard_tables(store: Store, manifest: dict[str, Any], tmp: Path) -> Iterator[pa.Table]:
+    """Row groups of every shard, in order, after checking each shard's sha256."""
+    for shard in manifest["shards"]:
+        path = tmp / Path(shard["key"]).name
+        digest = hashlib.sha256()
+        with path.open("wb") as fh:
+            store.get_into(shard["key"], fh)
+        with path.open("rb") as fh:
+            while chunk := fh.read(8 * 2**20):
+                digest.update(chunk)
+        if digest.hexdigest() != shard["sha256"]:
+            raise StoreError(f"{shard['key']} does not match its sha256 in the manifest")
+        pf = pq.ParquetFile(path)
+        for group in range(pf.num_row_groups):
+            yield pf.read_row_group(group)
+        pf.close()
+        path.unlink()
+
+
+def _ids(job: str, index: int) -> str:
+    return hashlib.sha256(f"{job}\0{index}".encode()).hexdigest()[:24]
+
+
+def _body(rec: dict[str, Any], rid: str, created: int, model: str) -> dict[str, Any]:
+    usage = {"prompt_tokens": rec["prompt_tokens"] or 0,
+             "completion_tokens": rec["completion_tokens"] or 0,
+             "total_tokens": (rec["prompt_tokens"] or 0) + (rec["completion_tokens"] or 0)}
+    if rec["messages"] is None and rec["prompt"] is not None:
+        choice: dict[str, Any] = {"index": 0, "text": rec["completion"], "logprobs": None,
+                                  "finish_reason": rec["finish_reason"]}
+        return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
+                "model": model, "choices": [choice], "usage": usage}
+    message = {"role": "assistant", "content": rec["completion"]}
+    if rec["reasoning"] is not None:
+        message["reasoning_content"] = rec["reasoning"]
+    choice = {"index": 0, "message": message, "logprobs": None,
+              "finish_reason": rec["finish_reason"]}
+    return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
+            "model": model, "choices": [choice], "usage": usage}
+
+
+def openai_line(rec: dict[str, Any], created: int, models: dict[str, str]) -> dict[str, Any]:
+    """One data-set row as a line of an OpenAI Batch output file."""
+    rid = _ids(rec["job"], rec["index"])
+    line: dict[str, Any] = {"id": f"batch_req_{rid}", "custom_id": rec["id"]}
+    if rec["status"] != "ok":
+        code = "quarantined" if row_bucket(rec) == "quarantined" else "generation_failed"
+        return line | {"response": None, "error": {"code": code, "message": rec["error"]}}
+    model = models.get(rec["profile"] or "", rec["profile"] or "")
+    body = _body(rec, rid, created, model)
+    return line | {"response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
+                   "error": None}
+
+
+def _models(manifest: dict[str, Any]) -> dict[str, str]:
+    return {name: p.get("model") or name
+            for name, p in manifest["params"].get("profiles", {}).items()}
+
+
+def _write_lines(tables: Iterator[pa.Table], fh: IO[bytes], fmt: str,
+                 manifest: dict[str, Any]) -> int:
+    created = int(manifest.get("finished_at_unix") or 0)
+    models, rows = _models(manifest), 0
+    for table in tables:
+        for rec in table.to_pylist():
+            obj = rec if fmt == "jsonl" else openai_line(rec, created, models)
+            fh.write(orjson.dumps(obj) + b"\n")
+            rows += 1
+    return rows
+
+
+def _write_parquet(tables: Iterator[pa.Table], path: Path) -> int:
+    rows = 0
+    with pq.ParquetWriter(path, SCHEMA, compression="zstd", compression_level=3) as writer:
+        for table in tables:
+            writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            rows += table.num_rows
+    return rows
+
+
+def export(store: Store, job: str, fmt: str, out: Path) -> dict[str, Any]:
+    """Write the data set of ``job`` to ``out`` in ``fmt``; return what was written."""
+    if fmt not in FORMATS:
+        raise JobError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
+    store = RetryingStore(store, RetryPolicy(max_attempts=10))
+    manifest = load_manifest(store, job)
+    if manifest is None:
+        raise JobError(f"job {job!r} has no data set yet; run: python -m producer sink "
+                       f"--job {job} --wait (or --local)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    tmp_out = Path(tmp_name)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleet-export-") as work:
+            tables = shard_tables(store, manifest, Path(work))
+            if fmt == "parquet":
+                os.close(fd)
+                rows = _write_parquet(tables, tmp_out)
+            else:
+                with os.fdopen(fd, "wb") as fh:
+                    rows = _write_lines(tables, fh, fmt, manifest)
+        os.replace(tmp_out, out)
+    finally:
+        tmp_out.unlink(missing_ok=True)
+    return {"job": job, "format": fmt, "out": str(out), "rows": rows,
+            "complete": manifest["complete"]}

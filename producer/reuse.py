@@ -1,0 +1,184 @@
+"""Result reuse: ``enqueue --reuse-from OLD`` copies finished rows instead of regenerating them.
+
+A row of the new job reuses a row of OLD when both have the same content key, the sha256 of
+the prompt or messages and the row's effective sampling (job sampling with the row's own
+overrides: exactly what a worker would send), and OLD's row finished ``ok`` with the profile
+this producer runs (``FLEET_PROFILE``). Failed rows are never reused. Repeated prompts are
+matched one to one, in order, over the whole job, so the same old completion is never copied
+twice and a re-run of ``enqueue`` assigns the same rows.
+
+A batch whose every row is covered is written straight to the store as a result (rows
+re-keyed to the new job, ``reused_from`` set) and is never enqueued; a batch only partly
+covered gets the reused rows in its Redis progress hash (through RECORD_ROWS, so the counters
+move exactly once) and its worker sends only the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+
+from workers import jobstate
+from workers.batch_runner import sampling_for
+from workers.errors import JobError
+from workers.jobs import (
+    JobSpec,
+    PromptRow,
+    decode_rows,
+    encode_rows,
+    load_batch_input,
+    load_spec,
+    result_key,
+)
+from workers.progress import row_kind
+from workers.sink import prefetched, stored_batches
+from workers.store import Store
+
+REUSE_NODE = "reuse"
+CACHED_BATCHES = 16
+
+
+@dataclass
+class ReuseReport:
+    """What reuse did for one ``enqueue`` run."""
+
+    source: str
+    rows: int = 0
+    batches: int = 0
+    partial_batches: int = 0
+    candidates: int = 0
+
+    def summary(self) -> str:
+        """One line for the enqueue output."""
+        return (f"reused {self.rows} rows from job {self.source} ({self.candidates} finished "
+                f"rows there): {self.batches} batches stored without a GPU, "
+                f"{self.partial_batches} partly pre-filled")
+
+
+def content_key(spec: JobSpec, row: PromptRow) -> bytes:
+    """Identity of a request: prompt or messages plus its effective sampling parameters."""
+    doc = {"prompt": row.prompt, "messages": row.messages,
+           "sampling": dataclasses.asdict(sampling_for(spec, row))}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()[:20]
+
+
+class SourceRows:
+    """The reusable rows of the source job, found by content key."""
+
+    def __init__(self, store: Store, spec: JobSpec, profile: str) -> None:
+        self.store, self.spec, self.profile = store, spec, profile
+        self._where: dict[bytes, deque[tuple[int, int]]] = defaultdict(deque)
+        self._cache: OrderedDict[int, dict[int, dict[str, Any]]] = OrderedDict()
+        for batch, inputs, results in prefetched(self._load, stored_batches(store, spec.name)):
+            ok = {r["index"] for r in results
+                  if r.get("status") == "ok" and r.get("profile") == profile}
+            for row in inputs:
+                if row.index in ok:
+                    self._where[content_key(spec, row)].append((batch, row.index))
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._where.values())
+
+    def _load(self, batch: int) -> tuple[int, list[PromptRow], list[dict[str, Any]]]:
+        results = decode_rows(self.store.get(result_key(self.spec.name, batch)))
+        return batch, load_batch_input(self.store, self.spec.name, batch), results
+
+    def _results(self, batch: int) -> dict[int, dict[str, Any]]:
+        if batch not in self._cache:
+            raw = self.store.get(result_key(self.spec.name, batch))
+            self._cache[batch] = {x["index"]: x for x in decode_rows(raw)}
+            while len(self._cache) > CACHED_BATCHES:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(batch)
+        return self._cache[batch]
+
+    def take(self, key: bytes) -> tuple[int, int] | None:
+        """Claim the next unused source row with this key: (batch, index), or None."""
+        found = self._where.get(key)
+        return found.popleft() if found else None
+
+    def row(self, where: tuple[int, int]) -> dict[str, Any]:
+        """The stored result row at (batch, index)."""
+        return self._results(where[0])[where[1]]
+
+
+def _rekey(old: dict[str, Any], spec: JobSpec, batch: int, row: PromptRow, source: str
+           ) -> dict[str, Any]:
+    return {**old, "job": spec.name, "batch": batch, "index": row.index, "id": row.id,
+            "prompt": row.prompt, "messages": row.messages, "reused_from": source}
+
+
+def _quarantined(spec: JobSpec, batch: int, row: PromptRow, profile: str) -> dict[str, Any]:
+    """The failed row a worker would write for a row quarantined at read time."""
+    return {"job": spec.name, "batch": batch, "index": row.index, "id": row.id,
+            "prompt": row.prompt, "messages": row.messages, "completion": None,
+            "reasoning": None, "finish_reason": None, "prompt_tokens": 0,
+            "completion_tokens": 0, "latency_s": None, "status": "failed", "error": row.error,
+            "profile": profile, "gpu": None, "node": REUSE_NODE}
+
+
+def _prefill(r: redis.Redis, job: str, batch: int, rows: list[dict[str, Any]]) -> None:
+    """Put reused rows into the batch's progress hash; counters move once, series not at all."""
+    keys = jobstate.Keys(job)
+    scratch = [f"{keys.job}:reuse:scratch:{n}" for n in range(3)]
+    args = jobstate.record_args(batch, REUSE_NODE, [
+        (x["index"], orjson.dumps(x), row_kind(x), x["completion_tokens"]) for x in rows])
+    r.register_script(jobstate.RECORD_ROWS)(
+        keys=[keys.progress(batch), keys.stats, keys.done, *scratch], args=args)
+    r.delete(*scratch)
+
+
+def _open_batches(store: Store, r: redis.Redis, spec: JobSpec) -> set[int]:
+    """Batches of the new job that are neither stored nor pending: the ones reuse may fill."""
+    keys = jobstate.Keys(spec.name)
+    busy = set(stored_batches(store, spec.name)) | {int(b) for b in r.smembers(keys.pending)}
+    return set(range(spec.n_batches)) - busy
+
+
+def apply_reuse(store: Store, r: redis.Redis, spec: JobSpec, source: str,
+                profile: str) -> ReuseReport:
+    """Fill the new job's open batches from ``source``; see the module docstring."""
+    if source == spec.name:
+        raise JobError(f"--reuse-from must name another job than {spec.name!r}")
+    src = SourceRows(store, load_spec(store, source), profile)
+    report = ReuseReport(source=source, candidates=len(src))
+    todo = _open_batches(store, r, spec)
+    for batch in range(spec.n_batches):
+        rows = load_batch_input(store, spec.name, batch)
+        hits = {row.index: w for row in rows
+                if not row.error and (w := src.take(content_key(spec, row))) is not None}
+        if batch not in todo or not hits:
+            continue
+        reused = [_rekey(src.row(hits[row.index]), spec, batch, row, source)
+                  for row in rows if row.index in hits]
+        report.rows += len(reused)
+        if all(row.error or row.index in hits for row in rows):
+            by_index = {x["index"]: x for x in reused}
+            full = [by_index.get(row.index) or _quarantined(spec, batch, row, profile)
+                    for row in rows]
+            store.put(result_key(spec.name, batch), encode_rows(full, compress=False))
+            report.batches += 1
+        else:
+            _prefill(r, spec.name, batch, reused)
+            report.partial_batches += 1
+    return report
+
+
+def reuse_hook(store: Store, r: redis.Redis, source: str | None, profile: str
+               ) -> tuple[Callable[[JobSpec], None] | None, list[ReuseReport]]:
+    """The ``before_reconcile`` hook of enqueue for ``--reuse-from`` and where it reports."""
+    reports: list[ReuseReport] = []
+    if not source:
+        return None, reports
+
+    def hook(spec: JobSpec) -> None:
+        reports.append(apply_reuse(store, r, spec, source, profile))
+
+    return hook, reports
