@@ -1,5 +1,29 @@
-# GPU worker image: SGLang's own image plus the fleet.
+# The fleet image: SGLang's own image (CUDA, PyTorch, SGLang, huggingface_hub) plus this
+# repository. Every fleet service in docker-compose.yml runs it: the GPU workers (which start
+# `python -m sglang.launch_server` as their engine), the sink, Flower and the one-shot jobs.
 FROM lmsysorg/sglang:v0.5.11
+
 WORKDIR /app
-COPY . /app
-RUN pip install --no-cache-dir -e .
+# /app on the path so `celery -A workers` and `python -m deploy.*` import the fleet; the model
+# cache is mounted read-only at HF_HOME and never downloaded from at run time.
+ENV PYTHONPATH=/app \
+    PYTHONUNBUFFERED=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    HF_HOME=/root/.cache/huggingface \
+    HF_HUB_OFFLINE=1
+
+# The fleet needs Python >= 3.11 (tomllib; the image has 3.12): fail the build, not the run.
+RUN python -c "import sys; assert sys.version_info >= (3, 11), sys.version"
+
+# Dependencies first (a layer that changes only with pyproject.toml), then the code.
+COPY pyproject.toml README.md ./
+RUN mkdir -p producer workers config \
+    && touch producer/__init__.py workers/__init__.py config/__init__.py \
+    && python -m pip install --no-cache-dir -e . \
+    && rm -rf producer workers config
+
+COPY . .
+
+# The compose file names each service's command; no entrypoint of the base image in between.
+ENTRYPOINT []
+CMD ["celery", "-A", "workers", "worker", "-Q", "gpu0", "-n", "gpu0@%h", "-l", "INFO"]

@@ -2,8 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# GPU workers of `make fleet` / `make compose`, and seconds between two engines' first starts.
+GPUS ?= 7
+STAGGER ?= 30
 
-.PHONY: install redis-bin demo test lint bench fleet clean
+.PHONY: install redis-bin chromium-bin demo test lint bench fleet compose procfile clean
 
 install: $(VENV)/.installed
 
@@ -18,10 +21,16 @@ redis-bin:
 	@command -v redis-server >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)
 
+# The Flower browser test drives Debian's chromium through the Python playwright package
+# (installed by `install`); `playwright install` is never run.
+chromium-bin:
+	@command -v chromium >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
 demo: install redis-bin
 	$(PY) -m producer.demo
 
-test: install redis-bin
+test: install redis-bin chromium-bin
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
@@ -31,8 +40,18 @@ lint: install
 bench: install redis-bin
 	$(PY) -m bench.run_all
 
+# Without containers: redis, flower, sink and GPUS workers under honcho (reads .env), from a
+# Procfile generated into .fleet/ (the committed Procfile is the same for GPUS=7).
 fleet: install redis-bin
-	GPUS=$${GPUS:-7} $(VENV)/bin/honcho start
+	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --stagger-s $(STAGGER) --out .fleet/Procfile
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f .fleet/Procfile -d . start
+
+# Rewrite docker-compose.yml / Procfile for another GPU count (docs/runbook.md).
+compose: install
+	$(PY) -m deploy.compose_gen --gpus $(GPUS) --stagger-s $(STAGGER)
+
+procfile: install
+	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --stagger-s $(STAGGER)
 
 clean:
-	rm -rf $(VENV) .demo fleet-data logs .pytest_cache
+	rm -rf $(VENV) .demo .fleet fleet-data logs .pytest_cache

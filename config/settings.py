@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     profile: str = "qwen36-27b"
     # GPU index override; otherwise taken from the worker's queue name (gpuN).
     gpu: int | None = None
+    # CUDA_VISIBLE_DEVICES of the engine; default: the GPU index. A container that reserves
+    # one GPU sees it as device 0 whatever its host index: set FLEET_CUDA_DEVICE=0 there.
+    cuda_device: str | None = None
     # Engine port = engine_base_port + GPU index; bound to engine_host.
     engine_base_port: int = 30000
     engine_host: str = "127.0.0.1"

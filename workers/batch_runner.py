@@ -27,6 +27,7 @@ from workers.crashes import CrashTracker
 from workers.engine_client import Completion, EngineClient, Sampling
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
 from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
+from workers.limiter import Limiter
 from workers.progress import BatchEnv, ProgressRecorder, result_row
 from workers.retry import RetryPolicy, backoff_s
 from workers.store import ObjectMissing
@@ -102,6 +103,7 @@ class BatchRunner:
         self.client = EngineClient(f"http://{s.engine_host}:{env.me.port}",
                                    s.request_timeout_s, 1024)
         self.in_flight: set[int] = set()
+        self.limiter = Limiter(1)
         self._engine_wait: asyncio.Task[bool] | None = None
         self._crash_restarts = 0
         self._blame_all = True  # in isolation only a lone suspect is blamed for a crash
@@ -124,6 +126,9 @@ class BatchRunner:
         crashed, self._crash_restarts = restarts > self._crash_restarts, restarts
         if crashed and (self._blame_all or len(suspects) == 1):
             await self.crashes.add(suspects)
+        if crashed and self._blame_all:
+            # The engine may be back with another cap (a new profile): follow it.
+            await self.limiter.set_limit(await self._concurrency())
         if crashed:
             log.warning("engine on GPU %d crashed with %d prompts of batch %d in flight",
                         self.env.me.gpu, len(suspects), self.batch)
@@ -147,7 +152,7 @@ class BatchRunner:
         except EngineUnavailable as exc:
             return exc
 
-    async def _one(self, row: PromptRow, sem: asyncio.Semaphore) -> bool:
+    async def _one(self, row: PromptRow, sem: Limiter) -> bool:
         """Send one prompt until it has an outcome; False if a crash made it a suspect."""
         async with sem:
             self.in_flight.add(row.index)
@@ -179,16 +184,16 @@ class BatchRunner:
 
     # --- phases -------------------------------------------------------------------------
     async def _concurrency(self) -> int:
+        """Requests in flight: the setting, the profile's, or the engine's cap with headroom."""
         s = self.env.settings
-        if s.client_concurrency:
-            return s.client_concurrency
-        await self._wait_for_engine()
+        fixed = s.client_concurrency or self.env.profile_concurrency
+        if fixed:
+            return fixed
         cap = await self.client.running_cap() or 64
         return math.ceil(cap * s.client_headroom) + 1
 
-    async def _send(self, rows: list[PromptRow], concurrency: int) -> list[PromptRow]:
-        """Send rows at ``concurrency``; return those set aside by a crash."""
-        sem = asyncio.Semaphore(concurrency)
+    async def _send(self, rows: list[PromptRow], sem: Limiter) -> list[PromptRow]:
+        """Send rows within ``sem``; return those set aside by a crash."""
         outcomes = await gather_or_cancel([self._one(row, sem) for row in rows])
         return [row for row, ok in zip(rows, outcomes, strict=True) if not ok]
 
@@ -211,7 +216,7 @@ class BatchRunner:
             group = await self._quarantine_poisoned(groups.pop())
             if not group:
                 continue
-            left = await self._send(group, len(group))
+            left = await self._send(group, Limiter(len(group)))
             await self.recorder.flush()
             if len(left) > 1:
                 groups += [left[len(left) // 2:], left[: len(left) // 2]]
@@ -246,7 +251,9 @@ class BatchRunner:
 
     async def _phases(self, fresh: list[PromptRow], suspects: list[PromptRow]) -> None:
         if fresh:
-            suspects += await self._send(fresh, await self._concurrency())
+            await self._wait_for_engine()
+            await self.limiter.set_limit(await self._concurrency())
+            suspects += await self._send(fresh, self.limiter)
         await self._isolate(suspects)
 
     async def _until_cancelled(self, work: Awaitable[None]) -> None:

@@ -50,6 +50,8 @@ class EngineSpec:
     port: int
     log_path: Path
     stop_grace_s: float = 30.0
+    # CUDA_VISIBLE_DEVICES for the engine when it differs from the GPU index (containers).
+    cuda_device: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -69,7 +71,7 @@ class EngineSpec:
         """The engine's environment: ours, the profile's, and the GPU pin."""
         env = {**os.environ, **self.profile.env}
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        env["CUDA_VISIBLE_DEVICES"] = self.cuda_device or str(self.gpu)
         env["FLEET_ENGINE_STOP_GRACE_S"] = str(self.stop_grace_s)
         env["PYTHONUNBUFFERED"] = "1"
         return env

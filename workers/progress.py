@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +15,13 @@ from workers import jobstate
 from workers.context import WorkerIdentity
 from workers.engine_client import Completion
 from workers.jobs import JobSpec, PromptRow
+from workers.manifest import row_bucket
+from workers.metrics import node_prompts_key
 from workers.store import Store
 
 FLUSH_INTERVAL_S = 0.5
+# Told (rows, output tokens) after each flush: the task's Flower progress events.
+ProgressHook = Callable[[int, int], Awaitable[None]]
 
 
 @dataclass
@@ -28,6 +33,9 @@ class BatchEnv:
     store: Store
     redis: aioredis.Redis
     profile: str
+    # Client concurrency fixed by the engine's launch profile (None: derive from its cap).
+    profile_concurrency: int | None = None
+    on_progress: ProgressHook | None = None
 
 
 def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
@@ -55,17 +63,18 @@ def row_kind(result: dict[str, Any]) -> str:
 
 
 class ProgressRecorder:
-    """Buffers finished rows and writes them to the batch's progress hash in one Lua call."""
+    """Buffers finished rows; writes them to the batch's progress hash, one Lua call per kind."""
 
     def __init__(self, env: BatchEnv, job: str, batch: int) -> None:
         self._env, self._batch = env, batch
         self._keys = jobstate.Keys(job)
-        self._buf: list[tuple[int, bytes, str, int]] = []
+        # Rows by manifest bucket (ok/truncated/failed/quarantined), flushed one bucket per call.
+        self._buf: dict[str, list[tuple[int, bytes, str, int]]] = {}
         self._script = env.redis.register_script(jobstate.RECORD_ROWS)
 
     def add(self, result: dict[str, Any]) -> None:
         """Queue one finished row for the next flush."""
-        self._buf.append(
+        self._buf.setdefault(row_bucket(result), []).append(
             (result["index"], orjson.dumps(result), row_kind(result), result["completion_tokens"])
         )
 
@@ -73,13 +82,28 @@ class ProgressRecorder:
         """Write buffered rows (counted once each, whatever happens to the batch later)."""
         if not self._buf:
             return
-        rows, self._buf = self._buf, []
-        k = self._keys
-        await self._script(
-            keys=[k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
-                  jobstate.node_stats_key(self._env.me.node)],
-            args=jobstate.record_args(self._batch, self._env.me.node, rows),
-        )
+        groups, self._buf = self._buf, {}
+        k, node = self._keys, self._env.me.node
+        keys = [k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
+                jobstate.node_stats_key(node)]
+        fresh: dict[str, int] = {}
+        for kind, rows in groups.items():  # the script's count per bucket: exact per kind
+            fresh[kind] = await self._script(
+                keys=keys, args=jobstate.record_args(self._batch, node, rows))
+        await self._count(fresh)
+        if self._env.on_progress is not None:
+            flushed = [row for group in groups.values() for row in group]
+            await self._env.on_progress(len(flushed), sum(row[3] for row in flushed))
+
+    async def _count(self, fresh: dict[str, int]) -> None:
+        """Per-worker prompts by kind (metrics) and the job's quarantined count (status)."""
+        async with self._env.redis.pipeline(transaction=False) as pipe:
+            for kind, n in fresh.items():
+                if n:
+                    pipe.hincrby(node_prompts_key(self._env.me.node), kind, n)
+            if fresh.get("quarantined"):
+                pipe.hincrby(self._keys.stats, "quarantined", fresh["quarantined"])
+            await pipe.execute()
 
     async def run_flusher(self) -> None:
         """Flush every FLUSH_INTERVAL_S until cancelled."""

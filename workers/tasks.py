@@ -39,8 +39,10 @@ def _settings_and_store() -> tuple[Settings, Store]:
     return settings, open_store(settings.store_url, settings.s3)
 
 
-def _profile_name(beat: bytes | None, default: str) -> str:
-    return str(orjson.loads(beat).get("profile", default)) if beat else default
+def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None]:
+    """The running engine's profile name and fixed client concurrency, from its heartbeat."""
+    data = orjson.loads(beat) if beat else {}
+    return str(data.get("profile", default)), data.get("client_concurrency")
 
 
 async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
@@ -66,11 +68,11 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             return {"job": job, "batch": batch, "skipped": "results already stored"}
         rows = await with_store_retry(lambda: load_batch_input(store, job, batch), "input",
                                       policy)
-        profile = _profile_name(await r.get(heartbeat_key(me.node)), settings.profile)
+        profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
         progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
                                 me.gpu, settings.progress_event_interval_s)
         env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile,
-                       on_progress=progress)
+                       profile_concurrency=fixed, on_progress=progress)
         summary = await BatchRunner(env, spec, batch, rows).run()
         await metrics.record_batch(r, me.node, summary["seconds"])
         return summary

@@ -1,0 +1,1 @@
+"""Deployment tools: compose and Procfile generators, supervisor, health checks, bucket, model."""

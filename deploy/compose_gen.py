@@ -1,0 +1,418 @@
+"""Write docker-compose.yml for a node with N GPUs (the committed file is the output for 7).
+
+``python -m deploy.compose_gen --gpus 8`` (or ``make compose GPUS=8``) rewrites the file;
+``--check`` exits 1 when the file on disk differs from what would be written.
+
+Layout (docs/runbook.md explains each service):
+- profile ``head``: ``redis`` (AOF, noeviction, password), ``createbucket`` (one-shot),
+  ``flower`` (basic auth), ``sink``, ``prometheus``, ``grafana``; profile ``minio``: the
+  S3-compatible store; profile ``tools``: ``model-download`` (one-shot). A worker-only node
+  enables none of them.
+- no profile: ``gpu0`` ... ``gpuN-1``. Service ``gpuN`` consumes queue ``gpuN`` (and the shared
+  ``gpu``) as node ``gpuN@$NODE_NAME`` and reserves host GPU N only. Inside its container that
+  GPU is CUDA device 0, so ``FLEET_CUDA_DEVICE=0`` pins the engine to it; the engine listens on
+  127.0.0.1:3000N inside the container. Starts are staggered by N x ``--stagger-s``.
+- secrets and per-node values come from ``.env`` (see ``.env.example``), never from this file.
+
+:func:`build` returns the resolved model (what Compose sees); :func:`render` writes the same
+model with YAML anchors (``x-fleet``, ``x-gpu-worker``) so each GPU service is a few lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_GPUS = 7
+DEFAULT_STAGGER_S = 30
+
+IMAGES = {
+    "redis": "redis:7.4",
+    "minio": "quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z.hotfix.7aa24e772",
+    "prometheus": "prom/prometheus:v3.5.0",
+    "grafana": "grafana/grafana:12.1.1",
+}
+FLEET_IMAGE = "${FLEET_IMAGE:-gpu-fleet:latest}"
+MODEL_CACHE_TARGET = "/root/.cache/huggingface"
+
+# Settings passed through from .env when set there (defaults live in config/settings.py). The
+# lease values must be equal on every node: the shortest visibility timeout wins.
+PASS_THROUGH = (
+    "FLEET_PROFILE", "FLEET_BATCH_SIZE", "FLEET_BATCHES_PER_GPU", "FLEET_CLIENT_HEADROOM",
+    "FLEET_CLIENT_CONCURRENCY", "FLEET_VISIBILITY_TIMEOUT_S", "FLEET_LEASE_RENEW_S",
+    "FLEET_SWEEP_INTERVAL_S", "FLEET_TASK_TIME_LIMIT_S", "FLEET_ENGINE_START_TIMEOUT_S",
+    "FLEET_ENGINE_STALL_TIMEOUT_S", "FLEET_SINK_AUTO",
+)
+
+Env = dict[str, "str | None"]
+Service = dict[str, Any]
+
+
+def need(var: str) -> str:
+    """Compose interpolation of a variable that .env must set."""
+    return f"${{{var}:?set {var} in .env (see .env.example)}}"
+
+
+def healthcheck(test: list[str], interval: str = "30s", start_period: str = "30s") -> Service:
+    """A health check that probes every 10 s during its start period."""
+    return {"test": test, "interval": interval, "timeout": "20s", "retries": 3,
+            "start_period": start_period, "start_interval": "10s"}
+
+
+def depends(**conditions: str) -> Service:
+    """depends_on entries that are skipped where the service is not enabled (worker nodes)."""
+    return {name: {"condition": cond, "required": False} for name, cond in conditions.items()}
+
+
+def fleet_env() -> Env:
+    """Environment of every service that runs the fleet's code (None: pass through)."""
+    env: Env = {
+        # FLEET_REDIS_URL in .env wins (rediss:// or a managed Redis); else the compose Redis.
+        "FLEET_REDIS_URL": (f"${{FLEET_REDIS_URL:-redis://:{need('REDIS_PASSWORD')}@"
+                            "${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0}"),
+        "FLEET_STORE_URL": "s3://${S3_BUCKET:-fleet}/${S3_PREFIX:-runs}",
+        "FLEET_S3_ENDPOINT_URL": "${S3_ENDPOINT_URL:-http://minio:9000}",
+        "AWS_ACCESS_KEY_ID": need("AWS_ACCESS_KEY_ID"),
+        "AWS_SECRET_ACCESS_KEY": need("AWS_SECRET_ACCESS_KEY"),
+        "AWS_DEFAULT_REGION": "${AWS_DEFAULT_REGION:-us-east-1}",
+        "FLEET_LOG_DIR": "/app/logs",
+    }
+    env.update(dict.fromkeys(PASS_THROUGH))
+    return env
+
+
+def fleet_base() -> Service:
+    """What every service built from this repository's Dockerfile shares (``x-fleet``)."""
+    return {
+        "image": FLEET_IMAGE,
+        "build": {"context": ".", "dockerfile": "Dockerfile"},
+        "init": True,
+        "hostname": need("NODE_NAME"),
+        "environment": fleet_env(),
+        "volumes": ["./logs:/app/logs"],
+        "restart": "unless-stopped",
+    }
+
+
+def gpu_env() -> Env:
+    """What a GPU worker adds to the fleet environment."""
+    # The metrics exporter (port 9360 + N) must answer Prometheus on the compose network; it is
+    # not published on the host.
+    return {"FLEET_ENGINE": "sglang", "FLEET_CUDA_DEVICE": "0", "HF_HUB_OFFLINE": "1",
+            "FLEET_METRICS_HOST": "0.0.0.0"}
+
+
+def gpu_base() -> Service:
+    """What every GPU worker shares (``x-gpu-worker``)."""
+    return {
+        **fleet_base(),
+        "environment": {**fleet_env(), **gpu_env()},
+        "volumes": [{"type": "bind", "source": need("MODEL_CACHE"),
+                     "target": MODEL_CACHE_TARGET, "read_only": True},
+                    "./logs:/app/logs"],
+        "depends_on": depends(redis="service_healthy",
+                              createbucket="service_completed_successfully"),
+        "shm_size": "16gb",
+        "ulimits": {"memlock": -1, "stack": 67108864},
+        # A warm shutdown waits for running batches; past this, SIGKILL, and the lease brings
+        # them back within ~35 s with their finished prompts kept.
+        "stop_grace_period": "2m",
+    }
+
+
+def gpu_worker(gpu: int, stagger_s: float) -> Service:
+    """Worker ``gpuN``: owns host GPU N (CUDA device 0 in the container) and its engine."""
+    celery = ["celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"gpu{gpu}@%h",
+              "-l", "INFO"]
+    return {
+        **gpu_base(),
+        "command": ["python", "-m", "deploy.supervise", "--delay", f"{gpu * stagger_s:g}", "--",
+                    *celery],
+        "deploy": {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "device_ids": [str(gpu)], "capabilities": ["gpu"]}]}}},
+        # A model load takes minutes: failures count only after the start period (the
+        # engine start timeout); the check passes as soon as the engine is healthy.
+        "healthcheck": healthcheck(
+            ["CMD", "python", "-m", "deploy.healthcheck", "heartbeat", f"gpu{gpu}@%h"],
+            start_period="30m"),
+    }
+
+
+def redis() -> Service:
+    """The broker: persistent (AOF), never evicts, password from .env."""
+    server = ("exec redis-server --port ${REDIS_PORT:-6379} --appendonly yes "
+              "--appendfsync everysec --maxmemory-policy noeviction "
+              "--maxmemory ${REDIS_MAXMEMORY:-8gb} "
+              '--requirepass "$$REDIS_PASSWORD"')
+    return {
+        "image": IMAGES["redis"],
+        "profiles": ["head"],
+        "command": ["sh", "-c", server],
+        "environment": {"REDIS_PASSWORD": need("REDIS_PASSWORD"),
+                        "REDISCLI_AUTH": need("REDIS_PASSWORD")},
+        "volumes": ["redis-data:/data"],
+        # It listens on REDIS_PORT inside and out, so every node uses the same REDIS_PORT.
+        "ports": ["${REDIS_BIND:-127.0.0.1}:${REDIS_PORT:-6379}:${REDIS_PORT:-6379}"],
+        "healthcheck": healthcheck(
+            ["CMD-SHELL", "redis-cli -p ${REDIS_PORT:-6379} ping | grep -q PONG"], "10s"),
+        "restart": "unless-stopped",
+        "stop_grace_period": "30s",
+    }
+
+
+def minio() -> Service:
+    """The S3-compatible store (leave its profile out to use AWS S3 or another store)."""
+    return {
+        "image": IMAGES["minio"],
+        "profiles": ["minio"],
+        "command": ["server", "/data", "--console-address", ":9001"],
+        "environment": {"MINIO_ROOT_USER": need("AWS_ACCESS_KEY_ID"),
+                        "MINIO_ROOT_PASSWORD": need("AWS_SECRET_ACCESS_KEY")},
+        "volumes": ["minio-data:/data"],
+        "ports": ["${MINIO_BIND:-127.0.0.1}:9000:9000", "127.0.0.1:9001:9001"],
+        "healthcheck": healthcheck(["CMD", "mc", "ready", "local"], "10s"),
+        "restart": "unless-stopped",
+    }
+
+
+def createbucket() -> Service:
+    """One-shot: create the bucket of FLEET_STORE_URL if it is missing."""
+    return {**fleet_base(), "profiles": ["head"],
+            "command": ["python", "-m", "deploy.make_bucket"],
+            "depends_on": depends(minio="service_healthy"), "restart": "no"}
+
+
+def flower() -> Service:
+    """Celery's web monitor with the shipped config, behind basic auth."""
+    # Every interface of its container, so the port can be published (on FLOWER_BIND only:
+    # /metrics and /healthcheck need no password).
+    auth = f"${{FLOWER_USER:-admin}}:{need('FLOWER_PASSWORD')}"
+    return {
+        **fleet_base(), "profiles": ["head"],
+        "command": ["celery", "-A", "workers", "flower", "--conf=config/flowerconfig.py",
+                    "--address=0.0.0.0", "--port=5555"],
+        "environment": {**fleet_env(), "FLOWER_BASIC_AUTH": auth},
+        "ports": ["${FLOWER_BIND:-127.0.0.1}:5555:5555"],
+        "depends_on": depends(redis="service_healthy"),
+        "healthcheck": healthcheck(["CMD", "python", "-m", "deploy.healthcheck", "http",
+                                    "http://127.0.0.1:5555/healthcheck"]),
+    }
+
+
+def sink() -> Service:
+    """The sink worker: aggregates finished jobs into Parquet shards (queue ``sink``)."""
+    return {
+        **fleet_base(), "profiles": ["head"],
+        "command": ["celery", "-A", "workers", "worker", "-Q", "sink", "-n", "sink@%h",
+                    "-l", "INFO"],
+        "depends_on": depends(redis="service_healthy",
+                              createbucket="service_completed_successfully"),
+        "healthcheck": healthcheck(["CMD", "python", "-m", "deploy.healthcheck", "ping",
+                                    "sink@%h"], "60s"),
+        # Where `docker compose exec sink python -m producer ...` reads prompts and exports.
+        "volumes": ["./logs:/app/logs", "./data:/app/data"],
+        "stop_grace_period": "2m",
+    }
+
+
+def prometheus() -> Service:
+    """Scrapes the workers' and Flower's metrics (config/prometheus.yml)."""
+    return {
+        "image": IMAGES["prometheus"],
+        "profiles": ["head"],
+        "command": ["--config.file=/etc/prometheus/prometheus.yml",
+                    "--storage.tsdb.path=/prometheus", "--storage.tsdb.retention.time=30d"],
+        "volumes": ["./config/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+                    "prometheus-data:/prometheus"],
+        "ports": ["${PROMETHEUS_BIND:-127.0.0.1}:9090:9090"],
+        "healthcheck": healthcheck(
+            ["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:9090/-/healthy"]),
+        "restart": "unless-stopped",
+    }
+
+
+def grafana() -> Service:
+    """Dashboards provisioned from config/grafana/ (admin password from .env)."""
+    return {
+        "image": IMAGES["grafana"],
+        "profiles": ["head"],
+        "environment": {"GF_SECURITY_ADMIN_USER": "${GRAFANA_USER:-admin}",
+                        "GF_SECURITY_ADMIN_PASSWORD": need("GRAFANA_PASSWORD"),
+                        "GF_USERS_ALLOW_SIGN_UP": "false"},
+        "volumes": ["./config/grafana/provisioning:/etc/grafana/provisioning:ro",
+                    "./config/grafana/dashboards:/etc/grafana/dashboards:ro",
+                    "grafana-data:/var/lib/grafana"],
+        "ports": ["${GRAFANA_BIND:-127.0.0.1}:3000:3000"],
+        "depends_on": depends(prometheus="service_healthy"),
+        "healthcheck": healthcheck(
+            ["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:3000/api/health"]),
+        "restart": "unless-stopped",
+    }
+
+
+def model_download() -> Service:
+    """One-shot (profile ``tools``): fill the model cache; the only writable mount of it."""
+    return {
+        **fleet_base(), "profiles": ["tools"],
+        "command": ["python", "-m", "deploy.download_model"],
+        "environment": {"FLEET_PROFILE": None, "HF_TOKEN": None, "HF_HUB_OFFLINE": "0"},
+        "volumes": [{"type": "bind", "source": need("MODEL_CACHE"),
+                     "target": MODEL_CACHE_TARGET, "read_only": False}],
+        "restart": "no",
+    }
+
+
+def build(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> Service:
+    """The resolved compose model for ``gpus`` GPU workers."""
+    if gpus < 1:
+        raise ValueError("need at least one GPU")
+    services: Service = {
+        "redis": redis(), "minio": minio(), "createbucket": createbucket(),
+        "flower": flower(), "sink": sink(),
+        **{f"gpu{g}": gpu_worker(g, stagger_s) for g in range(gpus)},
+        "prometheus": prometheus(), "grafana": grafana(), "model-download": model_download(),
+    }
+    volumes: Service = {name: {} for name in ("redis-data", "minio-data", "prometheus-data",
+                                               "grafana-data")}
+    return {"name": "gpu-fleet", "services": services, "volumes": volumes}
+
+
+# --- rendering with anchors -------------------------------------------------------------
+
+
+class Flow(list):  # type: ignore[type-arg]
+    """A short list written on one line (commands, profiles, health-check tests)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block-style YAML without generated anchors; None is written as an empty value."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        """Never emit PyYAML's own anchors (ours are written by hand)."""
+        return True
+
+
+_Dumper.add_representer(
+    Flow, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
+_Dumper.add_representer(
+    type(None), lambda d, _: d.represent_scalar("tag:yaml.org,2002:null", ""))
+
+FLOW_KEYS = ("command", "profiles", "ports")
+
+
+def _one_line_lists(service: Service) -> Service:
+    """A copy of ``service`` whose short lists are written on one line."""
+    out: Service = {k: Flow(v) if k in FLOW_KEYS else v for k, v in service.items()}
+    if "healthcheck" in out:
+        out["healthcheck"] = {**out["healthcheck"], "test": Flow(out["healthcheck"]["test"])}
+    if "deploy" in out:
+        devices = out["deploy"]["resources"]["reservations"]["devices"]
+        for device in devices:
+            device["device_ids"] = Flow(device["device_ids"])
+            device["capabilities"] = Flow(device["capabilities"])
+    return out
+
+
+def _dump(data: Any, indent: int) -> str:
+    """YAML of ``data``, every line indented by ``indent`` spaces."""
+    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     width=1000)
+    pad = " " * indent
+    return "".join(pad + line.rstrip() + "\n" for line in text.splitlines())
+
+
+def _env_block(env: Env, base_env: Env, anchor: str | None, indent: int) -> str:
+    """``environment:`` as a merge of ``anchor`` plus what differs, or '' if nothing does."""
+    extra = {k: v for k, v in env.items() if base_env.get(k, "\0") != v}
+    if not extra and env.keys() == base_env.keys():
+        return ""
+    if anchor is None or any(k not in env for k in base_env):
+        return _dump({"environment": env}, indent)
+    pad = " " * indent
+    return f"{pad}environment:\n{pad}  <<: *{anchor}\n" + _dump(extra, indent + 2)
+
+
+# The anchor of the environment that services merging each base anchor may extend.
+ENV_ANCHORS = {"fleet": "fleet-env"}
+
+
+def _service_block(service: Service, base: Service | None, anchor: str | None,
+                   indent: int) -> str:
+    """One service: ``<<: *anchor`` and the keys that differ from that base."""
+    if base is None or anchor is None:
+        return _dump(_one_line_lists(service), indent)
+    rest = {k: v for k, v in service.items() if k != "environment" and base.get(k) != v}
+    text = f"{' ' * indent}<<: *{anchor}\n"
+    base_env: Env = base["environment"]
+    text += _env_block(service.get("environment", base_env), base_env,
+                       ENV_ANCHORS.get(anchor), indent)
+    return text + (_dump(_one_line_lists(rest), indent) if rest else "")
+
+
+HEADER = """\
+# Generated by deploy/compose_gen.py for {gpus} GPUs (starts staggered by {stagger:g} s).
+# Do not edit: change the generator, or run `make compose GPUS=N`.
+# Values and secrets come from .env (copy .env.example); docs/runbook.md explains it all.
+# Service gpuN: queue gpuN, node gpuN@$NODE_NAME, host GPU N only (CUDA device 0 inside its
+# container, hence FLEET_CUDA_DEVICE=0), engine on 127.0.0.1:3000N inside the container.
+# An environment variable without a value is passed through from .env when set there.
+"""
+
+
+def render(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> str:
+    """The text of docker-compose.yml (the model of :func:`build`, with anchors)."""
+    model = build(gpus, stagger_s)
+    fleet, gpu = fleet_base(), gpu_base()
+    fleet_rest = {k: v for k, v in fleet.items() if k != "environment"}
+    gpu_rest = {k: v for k, v in gpu.items() if k != "environment" and fleet.get(k) != v}
+    parts = [
+        HEADER.format(gpus=gpus, stagger=stagger_s),
+        "name: gpu-fleet\n\n",
+        "x-fleet-env: &fleet-env\n", _dump(fleet_env(), 2), "\n",
+        "x-fleet: &fleet\n", _dump(fleet_rest, 2), "  environment: *fleet-env\n\n",
+        "x-gpu-worker: &gpu-worker\n  <<: *fleet\n",
+        _env_block(gpu["environment"], fleet_env(), "fleet-env", 2), _dump(gpu_rest, 2), "\n",
+        "services:\n",
+    ]
+    for name, service in model["services"].items():
+        if name.startswith("gpu") and name[3:].isdigit():
+            base, anchor = gpu, "gpu-worker"
+        elif service.get("image") == FLEET_IMAGE:
+            base, anchor = fleet, "fleet"
+        else:
+            base, anchor = None, None
+        parts += [f"  {name}:\n", _service_block(service, base, anchor, 4), "\n"]
+    parts += ["volumes:\n", _dump(model["volumes"], 2)]
+    return "".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: write (or --check) the compose file."""
+    p = argparse.ArgumentParser(prog="python -m deploy.compose_gen",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--gpus", type=int, default=DEFAULT_GPUS)
+    p.add_argument("--stagger-s", type=float, default=DEFAULT_STAGGER_S,
+                   help="seconds between two GPU workers' starts")
+    p.add_argument("--out", type=Path, default=ROOT / "docker-compose.yml")
+    p.add_argument("--check", action="store_true", help="exit 1 if --out is not up to date")
+    ns = p.parse_args(argv)
+    text = render(ns.gpus, ns.stagger_s)
+    if ns.check:
+        current = ns.out.read_text() if ns.out.exists() else ""
+        if current != text:
+            print(f"{ns.out} differs from what deploy/compose_gen.py writes", file=sys.stderr)
+            return 1
+        return 0
+    ns.out.write_text(text)
+    print(f"wrote {ns.out} ({ns.gpus} GPU workers)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
