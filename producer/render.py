@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from producer.enqueue import EnqueueReport
@@ -20,7 +20,9 @@ from producer.enqueue import EnqueueReport
 @contextlib.contextmanager
 def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
     """A progress line for staging: rows read and batches written."""
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    # The row count is unknown while the file streams: the bar pulses instead of filling.
+    columns = (SpinnerColumn(), BarColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("reading", total=None)
 
@@ -51,23 +53,29 @@ def _fmt_eta(hours: float | None) -> str:
     return f"{hours:.2f} h"
 
 
+def _num(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
 def status_table(st: dict[str, Any]) -> Group:
     """The status view: a per-GPU table and a totals table."""
     gpus = Table(title="workers", expand=False)
-    for col in ("node", "gpu", "engine", "profile", "batches", "tok/s", "restarts"):
+    for col in ("node", "gpu", "state", "tok/s", "running/cap", "queue", "batches", "restarts",
+                "profile"):
         gpus.add_column(col)
     for w in st["workers"]:
-        gpus.add_row(w["node"], str(w["gpu"]), w["engine_state"], w["profile"],
-                     str(w["batches_running"]), f"{w['tokens_per_sec']:.0f}",
-                     str(w["engine_restarts"]))
+        gpus.add_row(w["node"], str(w["gpu"]), w["engine_state"], f"{w['tokens_per_sec']:,.0f}",
+                     f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
+                     str(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
     tot = Table(title=f"job {st['job']}", show_header=False)
     tot.add_column("k")
     tot.add_column("v")
     done_pct = 100 * (st["completed"] + st["failed"]) / max(st["total"], 1)
     for k, v in (
         ("progress", f"{st['completed'] + st['failed']:,}/{st['total']:,} ({done_pct:.1f} %)"),
-        ("completed / failed / truncated",
-         f"{st['completed']:,} / {st['failed']:,} / {st['truncated']:,}"),
+        ("completed / failed (quarantined) / truncated",
+         f"{st['completed']:,} / {st['failed']:,} ({st.get('quarantined', 0):,}) / "
+         f"{st['truncated']:,}"),
         ("batches done / running / queued",
          f"{st['done_batches']} / {st['in_flight_batches']} / {st['queued_batches']}"),
         ("requests/s", f"{st['rate_per_sec']:.2f}"),

@@ -39,7 +39,8 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
     pipe.scard(keys.pending)
     pipe.hlen(keys.running)
     pipe.scard(keys.done)
-    started_raw, pending, running, done_batches = pipe.execute()
+    pipe.hget(keys.stats, "quarantined")  # a subset of failed (workers/progress.py)
+    started_raw, pending, running, done_batches, quarantined = pipe.execute()
     c = jobstate.counters(r, spec.name)
     started_at = float(started_raw or time.time())
     rate, tok_rate = _rates(r, keys, started_at)
@@ -49,7 +50,8 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
     eta_h = 0.0 if done else (remaining / rate / 3600 if rate > 0 else None)
     return {
         "job": spec.name, "total": spec.total, "completed": c["completed"],
-        "failed": c["failed"], "truncated": c["truncated"], "remaining": remaining,
+        "failed": c["failed"], "truncated": c["truncated"],
+        "quarantined": int(quarantined or 0), "remaining": remaining,
         "in_flight_batches": running, "queued_batches": max(pending - running, 0),
         "done_batches": done_batches, "n_batches": spec.n_batches,
         "output_tokens": c["output_tokens"],

@@ -52,6 +52,7 @@ def fleet_env(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
         "FLEET_ENGINE": "sim",
         "FLEET_PROFILE": "qwen36-27b",
         "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),
+        "FLEET_METRICS_BASE_PORT": str(free_port_block(8)),
         "FLEET_LOG_DIR": str(tmp_path / "logs"),
         "FLEET_SIM_SPEED": "10",
         "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40",

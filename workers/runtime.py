@@ -23,11 +23,16 @@ from workers import heartbeat, jobstate
 from workers.context import WorkerIdentity
 from workers.engine import Engine, EngineSpec
 from workers.errors import EngineStartFailed
+from workers.gauges import WorkerWatch
 from workers.lease import LeaseKeeper
+from workers.metrics import Exporter, FleetCollector
 from workers.retry import RetryPolicy, backoff_s
 from workers.stall import StallWatch
 
 log = logging.getLogger(__name__)
+
+# A relaunch profile that fails to start this many times is replaced by the last good one.
+PROFILE_START_ATTEMPTS = 2
 
 
 class WorkerRuntime:
@@ -40,7 +45,7 @@ class WorkerRuntime:
         self.engine = Engine(EngineSpec(
             kind=settings.engine, profile=profile, gpu=me.gpu, host=settings.engine_host,
             port=me.port, log_path=settings.log_dir / f"engine-gpu{me.gpu}.log",
-            stop_grace_s=settings.engine_stop_grace_s,
+            stop_grace_s=settings.engine_stop_grace_s, cuda_device=settings.cuda_device,
         ))
         self.lease = LeaseKeeper(redis_client, lease_index_key, settings.lease_renew_s)
         self._stop = threading.Event()
@@ -48,8 +53,13 @@ class WorkerRuntime:
         self._monitor = threading.Thread(target=self._watch, name="fleet-engine", daemon=True)
         self._beat = threading.Thread(target=self._beat_loop, name="fleet-heartbeat", daemon=True)
         self._failed_probes = 0
-        self._last_tokens: tuple[float, int] | None = None
         self.stall = StallWatch(settings.engine_stall_timeout_s)
+        # Engine gauges + recent tokens/s for heartbeat, Flower and Prometheus (main process).
+        self.watch = WorkerWatch(self.engine.spec.base_url, redis_client, me.node,
+                                 settings.heartbeat_interval_s, settings.rate_window_s)
+        self.exporter = Exporter(FleetCollector(redis_client, me.node, me.gpu, self.watch,
+                                                self.engine),
+                                 settings.metrics_host, settings.metrics_base_port + me.gpu)
 
     def __repr__(self) -> str:
         return f"<WorkerRuntime {self.me.node} {self.engine!r}>"
@@ -58,6 +68,9 @@ class WorkerRuntime:
         """Start the engine and wait until it is healthy, then start the background threads."""
         self.lease.start()
         self.engine.start()
+        self.watch.start()
+        if self.settings.metrics_enabled:
+            self.exporter.start()
         self._beat.start()
         self.engine.wait_ready(self.settings.engine_start_timeout_s)
         self._publish()
@@ -69,6 +82,8 @@ class WorkerRuntime:
             return
         self._stop.set()
         self.lease.stop()
+        self.watch.stop()
+        self.exporter.stop()
         self.engine.stop()
         try:
             self.redis.delete(heartbeat.heartbeat_key(self.me.node))
@@ -80,14 +95,22 @@ class WorkerRuntime:
         self._relaunch = profile
 
     def _restart(self, reason: str, profile: LaunchProfile | None = None) -> None:
+        """Restart until the engine is healthy; a new profile that will not start is rolled
+        back after PROFILE_START_ATTEMPTS tries, and a newer relaunch request wins at once."""
         policy = RetryPolicy(max_attempts=1_000_000, base_s=2.0, max_s=60.0)
         if profile is None:
             # Batches read this to tell a crash (blame the prompts in flight) from a relaunch.
             self.redis.hincrby(jobstate.node_stats_key(self.me.node), "crash_restarts", 1)
         self.stall.reset()
-        attempt = 0
+        known_good, attempt = self.engine.spec.profile, 0
         while not self._stop.is_set():
             attempt += 1
+            if self._relaunch is not None:
+                profile, self._relaunch, attempt = self._relaunch, None, 1
+            elif profile is not None and attempt > PROFILE_START_ATTEMPTS:
+                log.error("profile %s did not start %d times: rolling back to %s",
+                          profile.name, PROFILE_START_ATTEMPTS, known_good.name)
+                profile, attempt = known_good, 1
             log.warning("restarting engine on GPU %d (%s), attempt %d", self.me.gpu, reason,
                         attempt)
             try:
@@ -128,13 +151,8 @@ class WorkerRuntime:
                 return
 
     def _tokens_per_sec(self) -> tuple[int, float]:
-        raw = self.redis.hget(jobstate.node_stats_key(self.me.node), "output_tokens")
-        tokens, now = int(raw or 0), time.monotonic()
-        rate = 0.0
-        if self._last_tokens is not None and now > self._last_tokens[0]:
-            rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
-        self._last_tokens = (now, tokens)
-        return tokens, rate
+        # Cached by the watch thread: Flower's inspect (workers/signals.py) calls this too.
+        return self.watch.output_tokens, self.watch.tokens_per_sec
 
     def heartbeat_payload(self) -> dict[str, Any]:
         """What this worker tells the fleet about itself."""
@@ -147,6 +165,7 @@ class WorkerRuntime:
             "profile": self.engine.spec.profile.name,
             "batches_running": len(worker_state.active_requests),
             "output_tokens": tokens, "tokens_per_sec": round(rate, 1),
+            **self.watch.engine_fields(),
             "updated_at": time.time(),
         }
 
