@@ -104,6 +104,7 @@ class BatchRunner:
                                    s.request_timeout_s, 1024)
         self.in_flight: set[int] = set()
         self.limiter = Limiter(1)
+        self._tag = f"{spec.name}/{batch}"
         self._engine_wait: asyncio.Task[bool] | None = None
         self._crash_restarts = 0
         self._blame_all = True  # in isolation only a lone suspect is blamed for a crash
@@ -243,11 +244,24 @@ class BatchRunner:
         fresh = [r for r in todo if counts[r.index] == 0]
         suspects = [r for r in todo if counts[r.index] > 0]
         flusher = asyncio.ensure_future(self.recorder.run_flusher())
+        reporter = asyncio.ensure_future(self._report_in_flight())
         try:
             await self._until_cancelled(self._phases(fresh, suspects))
         finally:
             flusher.cancel()
+            reporter.cancel()
             await self.recorder.flush()
+            await self.env.redis.hdel(jobstate.in_flight_key(self.env.me.node), self._tag)
+
+    async def _report_in_flight(self) -> None:
+        """Publish this batch's requests in flight (summed into the worker's heartbeat)."""
+        key = jobstate.in_flight_key(self.env.me.node)
+        while True:
+            async with self.env.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, self._tag, len(self.in_flight))
+                pipe.expire(key, 30)
+                await pipe.execute()
+            await asyncio.sleep(1.0)
 
     async def _phases(self, fresh: list[PromptRow], suspects: list[PromptRow]) -> None:
         if fresh:

@@ -15,6 +15,7 @@ Keys (``{j}`` = job name)::
     fleet:job:{j}:prog:{b}        hash row index -> result row (JSON), progress of batch b
     fleet:job:{j}:series:n|:tok   hash 10-s bucket (and bucket|node) -> rows / output tokens
     fleet:node:{node}             hash: rows, output_tokens over the worker's life (all jobs)
+    fleet:node:{node}:in_flight   hash batch -> requests in flight now (expires when idle)
 """
 
 from __future__ import annotations
@@ -116,3 +117,8 @@ def counters(r: redis.Redis, job: str) -> dict[str, int]:
 def node_stats_key(node: str) -> str:
     """Key of a worker's lifetime counters."""
     return f"fleet:node:{node}"
+
+
+def in_flight_key(node: str) -> str:
+    """Hash of a worker's requests in flight, one field per running batch."""
+    return f"fleet:node:{node}:in_flight"

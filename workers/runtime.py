@@ -154,6 +154,10 @@ class WorkerRuntime:
         # Cached by the watch thread: Flower's inspect (workers/signals.py) calls this too.
         return self.watch.output_tokens, self.watch.tokens_per_sec
 
+    def _in_flight(self) -> int:
+        """Requests this worker's batches have in flight (reported by the pool children)."""
+        return sum(int(v) for v in self.redis.hvals(jobstate.in_flight_key(self.me.node)))
+
     def heartbeat_payload(self) -> dict[str, Any]:
         """What this worker tells the fleet about itself."""
         tokens, rate = self._tokens_per_sec()
@@ -164,6 +168,8 @@ class WorkerRuntime:
             "engine_pid": self.engine.pid, "engine_restarts": self.engine.restarts,
             "profile": self.engine.spec.profile.name,
             "batches_running": len(worker_state.active_requests),
+            "in_flight": self._in_flight(),
+            "client_concurrency": self.engine.spec.profile.client_concurrency,
             "output_tokens": tokens, "tokens_per_sec": round(rate, 1),
             **self.watch.engine_fields(),
             "updated_at": time.time(),
