@@ -80,7 +80,7 @@ def main() -> int:
     """Run the demo; returns the exit code of ``verify``."""
     settings = load_settings()
     url, server = _redis(settings.redis_url.get_secret_value())
-    env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_ENGINE": "sim",
+    env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_ENGINE": "sim", "FLEET_SINK_AUTO": "false",
            "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),
            "FLEET_METRICS_BASE_PORT": str(free_port_block(8)),
            "FLEET_SIM_SPEED": os.environ.get("FLEET_SIM_SPEED", "5"),
@@ -105,9 +105,12 @@ def main() -> int:
                   "--max-new-tokens", "2048")
         _producer(env, "status", "--job", job, "--watch", "--interval", "1")
         code = _producer(env, "verify", "--job", job)
+        # Aggregate into the Parquet data set (here in-process; a fleet runs a sink worker).
+        code = code or _producer(env, "sink", "--job", job, "--local")
         _producer(env, "report", "--job", job, "--out", str(DEMO_DIR / "report"))
         store = env.get("FLEET_STORE_URL", settings.store_url)
-        console.print(f"results: {store}/jobs/{job}/results/ (one JSONL object per batch)")
+        console.print(f"data set: {store}/jobs/{job}/data/ (Parquet shards, manifest.json, "
+                      f"_SUCCESS); per-batch results under {store}/jobs/{job}/results/")
         console.print(f"logs: {DEMO_DIR / 'logs'}")
         return code
     finally:
