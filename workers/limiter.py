@@ -27,7 +27,7 @@ class Limiter:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         async with self._cond:
             self.active -= 1
-            self._cond.notify_all()
+            self._cond.notify(1)  # one slot freed: wake one waiter, not hundreds
 
     async def set_limit(self, limit: int) -> None:
         """Change the limit; waiters are woken if it grew."""

@@ -1,0 +1,197 @@
+"""The engine-side view of a run: the ideal bound, busy running slots over time, token counters.
+
+Occupancy is read from the engines, not from the client (design-notes §1): ``/v1/loads``
+``num_running_reqs / max_running_requests`` sampled on every engine, averaged from the first
+request until the last batch of the job has been taken from the queue. The ideal bound is the
+simulator's own throughput model (:mod:`workers.sim.engine`): every engine at its running cap,
+``cap * accept_length`` tokens per step of ``step_ms(cap)`` milliseconds, divided by the speed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+import redis
+
+from config.launch_profile import load_profile
+from config.settings import SimSettings
+from workers import jobstate
+from workers.capacity import EngineFlags, model_shape, plan_capacity
+from workers.sim.engine import accept_length, step_ms
+from workers.sim.flags import parse_args
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """What the simulator's throughput model says one engine can do at most."""
+
+    cap: int
+    draft_tokens: int
+    speed: float
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Output tokens per decode step with every running slot busy."""
+        return self.cap * accept_length(self.draft_tokens)
+
+    @property
+    def ideal_tokens_per_s(self) -> float:
+        """Decode tokens per second of one engine held at its running cap."""
+        return self.tokens_per_step / (step_ms(self.cap, self.draft_tokens > 0) / 1000) * self.speed
+
+
+def engine_model(url: str, speed: float) -> EngineModel:
+    """Read the effective cap and speculative settings of the engine at ``url``."""
+    with httpx.Client(base_url=url, timeout=10) as http:
+        loads = http.get("/v1/loads").json()["loads"][0]
+        info = http.get("/server_info").json()
+    return EngineModel(cap=int(loads["max_running_requests"]),
+                       draft_tokens=int(info.get("speculative_num_draft_tokens") or 0),
+                       speed=speed)
+
+
+def planned_engine_model(profile: str, speed: float) -> EngineModel:
+    """The engine a launch profile gives, from the same capacity arithmetic the simulator uses."""
+    args = parse_args(load_profile(profile).to_argv())
+    flags = EngineFlags.from_flags(vars(args), {})
+    plan = plan_capacity(model_shape(args.model_path), flags, SimSettings().gpu_memory_mib)
+    return EngineModel(cap=plan.max_running_requests, draft_tokens=plan.num_draft_tokens,
+                       speed=speed)
+
+
+def parse_counter(text: str, name: str, label: str = "") -> float:
+    """Sum of the Prometheus samples of ``name`` (optionally only those carrying ``label``)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def decode_tokens(http: httpx.Client, urls: list[str]) -> float:
+    """Decode-step tokens so far, all engines (``sglang:realtime_tokens_total{mode="decode"}``)."""
+    return sum(parse_counter(http.get(f"{url}/metrics").text, "sglang:realtime_tokens_total",
+                             'mode="decode"') for url in urls)
+
+
+@dataclass
+class Timeline:
+    """What the watcher saw: busy fractions over time and the moments that bound the windows."""
+
+    # (t, busy running slots / all slots, waiting requests summed over engines)
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+    t_first: float | None = None  # first sample with a running request
+    t_started: float | None = None  # first batch taken from the queue
+    t_all_taken: float | None = None  # every batch taken from the queue (running or done)
+    t_done: float | None = None  # every batch done
+    decode_at_start: float | None = None  # engines' decode-token counter before the job
+    decode_at_all_taken: float | None = None
+
+    def _window(self) -> list[tuple[float, float, int]]:
+        """Samples from the first request until the last batch was taken."""
+        if self.t_first is None:
+            return []
+        end = self.t_all_taken or self.t_done or float("inf")
+        return [s for s in self.samples if self.t_first <= s[0] <= end]
+
+    def occupancy(self) -> float:
+        """Mean busy-slot fraction from the first request until the last batch was taken."""
+        window = self._window()
+        return sum(busy for _, busy, _ in window) / len(window) if window else 0.0
+
+    def mean_waiting(self) -> float:
+        """Mean requests queued at the engines over the same window (0: the client ran dry)."""
+        window = self._window()
+        return sum(waiting for _, _, waiting in window) / len(window) if window else 0.0
+
+    def steady_decode_rate(self) -> float:
+        """Engine decode tokens/s from the first request until the last batch was taken."""
+        first, last = self.t_first, self.t_all_taken
+        start, end = self.decode_at_start, self.decode_at_all_taken
+        if first is None or last is None or start is None or end is None:
+            return 0.0
+        return (end - start) / max(last - first, 1e-9)
+
+    @property
+    def end_to_end_s(self) -> float:
+        """Seconds from the first request until the job was done."""
+        if self.t_first is None or self.t_done is None:
+            return 0.0
+        return self.t_done - self.t_first
+
+
+class JobWatch:
+    """A thread that samples every engine's running slots and the job's batches until done."""
+
+    def __init__(self, urls: list[str], caps: list[int], r: redis.Redis, job: str,
+                 n_batches: int, interval_s: float = 0.05) -> None:
+        self.urls, self.caps, self.r, self.job = urls, caps, r, job
+        self.n_batches, self.interval_s = n_batches, interval_s
+        self.timeline = Timeline()
+        self._http = httpx.Client(timeout=10)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
+
+    def __enter__(self) -> JobWatch:
+        self.timeline.decode_at_start = decode_tokens(self._http, self.urls)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._http.close()
+
+    def wait(self, timeout_s: float, all_taken: bool = False) -> Timeline:
+        """Block until every batch is done (or, with ``all_taken``, taken from the queue)."""
+        deadline = time.monotonic() + timeout_s
+        tl = self.timeline
+        while (tl.t_all_taken if all_taken else tl.t_done) is None:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the watcher of job {self.job} stopped (see its traceback)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job}: not every batch "
+                                   f"{'taken' if all_taken else 'done'} after {timeout_s:.0f} s")
+            time.sleep(0.05)
+        return tl
+
+    def _busy(self) -> tuple[float, int]:
+        """(busy running slots / all slots, waiting requests) over every engine."""
+        running = waiting = 0
+        for url in self.urls:
+            entry = orjson.loads(self._http.get(f"{url}/v1/loads").content)["loads"][0]
+            running += int(entry["num_running_reqs"])
+            waiting += int(entry["num_waiting_reqs"])
+        return running / sum(self.caps), waiting
+
+    def _batches(self) -> tuple[int, int]:
+        """(batches taken from the queue, batches done)."""
+        keys = jobstate.Keys(self.job)
+        pipe = self.r.pipeline()
+        pipe.hlen(keys.running)
+        pipe.scard(keys.done)
+        running, done = pipe.execute()
+        return running + done, done
+
+    def _loop(self) -> None:
+        tl = self.timeline
+        while not self._stop.is_set():
+            now = time.monotonic()
+            busy, waiting = self._busy()
+            tl.samples.append((now, busy, waiting))
+            if tl.t_first is None and busy > 0:
+                tl.t_first = now
+            taken, done = self._batches()
+            if tl.t_started is None and taken:
+                tl.t_started = now
+            if tl.t_all_taken is None and taken >= self.n_batches:
+                tl.t_all_taken = time.monotonic()
+                tl.decode_at_all_taken = decode_tokens(self._http, self.urls)
+            if done >= self.n_batches:
+                tl.t_done = time.monotonic()
+                return
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))

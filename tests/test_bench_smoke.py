@@ -1,0 +1,44 @@
+"""The benchmarks run end to end at a tiny size (figures are not asserted: they are not tests)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.common import Goal, capped_mean_tokens
+from bench.engines import EngineModel, parse_counter, planned_engine_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ideal_bound_is_the_simulators_model() -> None:
+    # 40 running, accept length 3.5, step 20 + 0.5 * 40 ms: the workload's 3,500 tok/s per GPU.
+    model = planned_engine_model("qwen36-27b", speed=2.0)
+    assert model == EngineModel(cap=40, draft_tokens=4, speed=2.0)
+    assert math.isclose(model.ideal_tokens_per_s, 7000.0)
+
+
+def test_capped_mean_is_below_the_mean_and_the_cap() -> None:
+    assert 2000 < capped_mean_tokens() < 2490
+    assert math.isclose(capped_mean_tokens(cap=1e12), 2490, rel_tol=1e-6)
+
+
+def test_counter_parsing_and_goal_direction() -> None:
+    text = ('sglang:realtime_tokens_total{mode="decode",tp_rank="0"} 12.0\n'
+            'sglang:realtime_tokens_total{mode="prefill_compute",tp_rank="0"} 5.0\n')
+    assert parse_counter(text, "sglang:realtime_tokens_total", 'mode="decode"') == 12.0
+    assert Goal("x", 0.5, 1.0, at_most=True).ok and not Goal("y", 0.5, 1.0).ok
+
+
+def test_vs_plain_runs_end_to_end_at_a_tiny_size() -> None:
+    # One GPU, 40 prompts, a fast engine: fleet job, then the plain client twice.
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.vs_plain", "--gpus", "1", "--prompts", "40",
+         "--batch-size", "20", "--speed", "200"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode in (0, 1), res.stdout + res.stderr  # 1 = a goal missed, not a crash
+    assert "bench.vs_plain (goal 2)" in res.stdout
+    assert "40 done, 0 failed" in res.stdout
