@@ -7,8 +7,8 @@ from typing import Any
 import redis
 
 from config.settings import Settings
-from workers.sink import ShardLimits, aggregate, request_sink, store_policy, wait_sink
-from workers.store import open_store
+from workers.sink import ShardLimits, aggregate, request_sink, wait_sink
+from workers.store import open_store, store_policy
 
 
 def run_sink(settings: Settings, job: str, wait: bool, local: bool, timeout_s: float

@@ -16,12 +16,11 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import orjson
 
-from config.settings import Settings
 from workers import jobstate, sink
 from workers.crashes import CrashTracker
 from workers.engine_client import Completion, EngineClient, Sampling
@@ -30,7 +29,6 @@ from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.limiter import Limiter
 from workers.progress import BatchEnv, ProgressRecorder, result_row
 from workers.retry import RetryPolicy, backoff_s
-from workers.store import ObjectMissing
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +42,6 @@ class EngineDown(EngineError):
 
 class JobStopped(EngineError):
     """The job was cancelled while this batch ran: stop sending, keep what is recorded."""
-
-
-def store_policy(settings: Settings) -> RetryPolicy:
-    """How long store calls keep retrying (defaults: 10 attempts, ~2.5 min in all)."""
-    return RetryPolicy(settings.store_retry_attempts, 1.0, settings.store_retry_max_s)
-
-
-async def with_store_retry(op: Callable[[], T], what: str, policy: RetryPolicy) -> T:
-    """Run a blocking store call in a thread, retrying StoreError with backoff."""
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            return await asyncio.to_thread(op)
-        except ObjectMissing:
-            raise
-        except StoreError as exc:
-            if attempt == policy.max_attempts:
-                raise
-            delay = backoff_s(attempt, policy)
-            log.warning("store access to %s failed (%s); retry in %.1f s", what, exc, delay)
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
 
 
 async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
@@ -324,8 +301,7 @@ class BatchRunner:
         return rows
 
     async def _write_results(self, rows: list[dict[str, Any]]) -> None:
-        """Write the batch's results (retrying a failing store); only then is it acked."""
+        """Write the batch's results (env.store retries); only then is the batch acked."""
         data = encode_rows(rows, compress=False)
         key = result_key(self.spec.name, self.batch)
-        await with_store_retry(lambda: self.env.store.put(key, data), key,
-                               store_policy(self.env.settings))
+        await asyncio.to_thread(self.env.store.put, key, data)

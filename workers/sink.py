@@ -61,7 +61,7 @@ from workers.manifest import (
     to_record,
 )
 from workers.retry import RetryPolicy
-from workers.store import RetryingStore, Store, open_store
+from workers.store import RetryingStore, Store, open_store, store_policy
 
 log = logging.getLogger(__name__)
 
@@ -211,11 +211,6 @@ def _finished_at(previous: dict[str, Any] | None, shards: list[ShardInfo]) -> fl
     if previous and previous.get("digest") == shards_digest(shards):
         return float(previous["finished_at_unix"])
     return time.time()
-
-
-def store_policy(settings: Settings) -> RetryPolicy:
-    """The fleet's retry policy for store calls (FLEET_STORE_RETRY_*)."""
-    return RetryPolicy(settings.store_retry_attempts, 1.0, settings.store_retry_max_s)
 
 
 def aggregate(store: Store, job: str, limits: ShardLimits,

@@ -7,6 +7,7 @@ visible only when its upload completes). Errors from the OS or botocore become S
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 from urllib.parse import unquote, urlparse
 
-from config.settings import S3Settings
+from config.settings import S3Settings, Settings
 from workers.errors import StoreError
 from workers.retry import RetryPolicy, backoff_s
 
@@ -168,77 +169,65 @@ class S3Store:
 
     def put_stream(self, key: str, src: BinaryIO) -> None:
         """Managed upload of ``src``; a failed multipart upload is aborted, so nothing shows."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with _boto_errors("write", key):
             self._client.upload_fileobj(src, self.bucket, self._key(key), Config=self._transfer)
-        except (BotoCoreError, ClientError) as exc:
-            raise StoreError(f"cannot write s3://{self.bucket}/{self._key(key)}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
         """Download a whole object."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with _boto_errors("read", key):
             obj = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             return obj["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise ObjectMissing(key) from exc
-            raise StoreError(f"cannot read {key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"cannot read {key}: {exc}") from exc
 
     def get_into(self, key: str, dst: BinaryIO) -> None:
         """Managed (ranged, parallel) download of an object into ``dst``."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with _boto_errors("read", key):
             self._client.download_fileobj(self.bucket, self._key(key), dst,
                                           Config=self._transfer)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise ObjectMissing(key) from exc
-            raise StoreError(f"cannot read {key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"cannot read {key}: {exc}") from exc
 
     def exists(self, key: str) -> bool:
         """Whether the object exists (HEAD)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return False
-            raise StoreError(f"cannot stat {key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"cannot stat {key}: {exc}") from exc
+            with _boto_errors("stat", key):
+                self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ObjectMissing:
+            return False
+        return True
 
     def list(self, prefix: str) -> Iterator[str]:
         """Keys under ``prefix``, paginated."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         strip = len(self.prefix) + 1 if self.prefix else 0
-        try:
+        with _boto_errors("list", prefix):
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self._key(prefix)
             )
             keys = [o["Key"][strip:] for page in pages for o in page.get("Contents", [])]
-        except (BotoCoreError, ClientError) as exc:
-            raise StoreError(f"cannot list {prefix}: {exc}") from exc
         return iter(sorted(keys))
 
     def delete(self, key: str) -> None:
         """Delete an object."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with _boto_errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-        except (BotoCoreError, ClientError) as exc:
-            raise StoreError(f"cannot delete {key}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _boto_errors(verb: str, key: str) -> Iterator[None]:
+    """Translate botocore errors at the boundary: a missing key -> ObjectMissing, else
+    StoreError (retried by the caller's policy)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            raise ObjectMissing(key) from exc
+        raise StoreError(f"cannot {verb} {key}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StoreError(f"cannot {verb} {key}: {exc}") from exc
+
+
+def store_policy(settings: Settings) -> RetryPolicy:
+    """The fleet's retry policy for store calls (FLEET_STORE_RETRY_*): ~2.5 min by default."""
+    return RetryPolicy(settings.store_retry_attempts, 1.0, settings.store_retry_max_s)
 
 
 class RetryingStore:

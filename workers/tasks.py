@@ -19,8 +19,6 @@ from workers.batch_runner import (
     BatchRunner,
     EngineDown,
     JobStopped,
-    store_policy,
-    with_store_retry,
 )
 from workers.context import identity
 from workers.errors import JobError
@@ -28,7 +26,7 @@ from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
 from workers.jobs import load_batch_input, load_spec, result_key
 from workers.progress import BatchEnv
-from workers.store import Store, open_store
+from workers.store import RetryingStore, Store, open_store, store_policy
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +34,9 @@ log = logging.getLogger(__name__)
 @functools.lru_cache(maxsize=1)
 def _settings_and_store() -> tuple[Settings, Store]:
     settings = load_settings()
-    return settings, open_store(settings.store_url, settings.s3)
+    # Every store call of a batch retries a failing store (an outage) with the fleet's policy.
+    return settings, RetryingStore(open_store(settings.store_url, settings.s3),
+                                   store_policy(settings))
 
 
 def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None]:
@@ -58,16 +58,13 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             # Paused or cancelled after this message was queued: drop it; resume re-sends it.
             await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": f"job {state}"}
-        policy = store_policy(settings)
-        spec = await with_store_retry(lambda: load_spec(store, job), f"job {job}", policy)
-        if await with_store_retry(lambda: store.exists(result_key(job, batch)), "result",
-                                  policy):
+        spec = await asyncio.to_thread(load_spec, store, job)
+        if await asyncio.to_thread(store.exists, result_key(job, batch)):
             # Results are durable but Redis lost the "done" mark (a restart): just record it.
             await r.sadd(keys.done, batch)
             await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": "results already stored"}
-        rows = await with_store_retry(lambda: load_batch_input(store, job, batch), "input",
-                                      policy)
+        rows = await asyncio.to_thread(load_batch_input, store, job, batch)
         profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
         progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
                                 me.gpu, settings.progress_event_interval_s)
