@@ -8,9 +8,11 @@ is sent. The input is streamed: at most one batch of rows is held in memory.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import redis
@@ -32,6 +34,7 @@ from workers.jobs import (
     results_prefix,
     save_spec,
 )
+from workers.manifest import row_bucket
 from workers.store import Store
 
 
@@ -87,17 +90,26 @@ def stage(store: Store, job: str, rows: Iterable[PromptRow], batch_size: int,
     return total, n, digest.hexdigest()
 
 
+def count_stored_rows(pipe: redis.client.Pipeline, job: str, rows: list[dict[str, Any]],
+                      sign: int = 1) -> None:
+    """Add (sign=1) or take back (sign=-1) stored rows in the job's live counters, by the
+    same buckets the workers count them in (quarantined is a subset of failed)."""
+    stats = jobstate.Keys(job).stats
+    buckets = Counter(row_bucket(x) for x in rows)
+    failed = buckets["failed"] + buckets["quarantined"]
+    pipe.hincrby(stats, "completed", sign * (len(rows) - failed))
+    pipe.hincrby(stats, "failed", sign * failed)
+    pipe.hincrby(stats, "quarantined", sign * buckets["quarantined"])
+    pipe.hincrby(stats, "truncated", sign * buckets["truncated"])
+    pipe.hincrby(stats, "output_tokens",
+                 sign * sum(x.get("completion_tokens") or 0 for x in rows))
+
+
 def _count_result(store: Store, job: str, batch: int, r: redis.Redis) -> None:
     """Add a stored batch's rows to the live counters (Redis lost them)."""
-    rows = decode_rows(store.get(result_key(job, batch)))
-    failed = sum(x["status"] == "failed" for x in rows)
-    trunc = sum(x.get("finish_reason") == "length" for x in rows)
     keys = jobstate.Keys(job)
     pipe = r.pipeline()
-    pipe.hincrby(keys.stats, "completed", len(rows) - failed)
-    pipe.hincrby(keys.stats, "failed", failed)
-    pipe.hincrby(keys.stats, "truncated", trunc)
-    pipe.hincrby(keys.stats, "output_tokens", sum(x.get("completion_tokens") or 0 for x in rows))
+    count_stored_rows(pipe, job, decode_rows(store.get(result_key(job, batch))))
     pipe.sadd(keys.done, batch)
     pipe.srem(keys.pending, batch)
     pipe.execute()

@@ -15,6 +15,7 @@ import orjson
 import redis
 from celery import Celery
 
+from producer.enqueue import count_stored_rows
 from workers import jobstate
 from workers.celery_app import SHARED_QUEUE
 from workers.jobs import (
@@ -59,16 +60,11 @@ def _restage(store: Store, job: str, batch: int, indices: set[int],
 def _reopen(r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
             redo: list[dict[str, Any]]) -> None:
     keys = jobstate.Keys(job)
-    failed = sum(x["status"] == "failed" for x in redo)
-    trunc = sum(x["status"] == "ok" and x.get("finish_reason") == "length" for x in redo)
     pipe = r.pipeline()
     pipe.delete(keys.progress(batch))
     if keep:
         pipe.hset(keys.progress(batch), mapping={str(x["index"]): orjson.dumps(x) for x in keep})
-    pipe.hincrby(keys.stats, "failed", -failed)
-    pipe.hincrby(keys.stats, "completed", -(len(redo) - failed))
-    pipe.hincrby(keys.stats, "truncated", -trunc)
-    pipe.hincrby(keys.stats, "output_tokens", -sum(x.get("completion_tokens") or 0 for x in redo))
+    count_stored_rows(pipe, job, redo, sign=-1)
     pipe.hdel(f"{keys.job}:crashes", *[str(x["index"]) for x in redo])
     pipe.srem(keys.done, batch)
     pipe.sadd(keys.pending, batch)
