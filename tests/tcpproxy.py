@@ -5,16 +5,15 @@ from __future__ import annotations
 import socket
 import threading
 
+from producer.localfleet import free_port
+
 
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``down()`` refuses and cuts every connection."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None

@@ -7,7 +7,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,10 @@ import httpx
 import pytest
 
 from config.launch_profile import load_profile
+from producer.localfleet import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_MODEL = ["--model-path", "Qwen/Qwen3-0.6B", "--context-length", "4096"]
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import redis
 from celery.worker import state as worker_state
@@ -61,3 +62,9 @@ class LeaseKeeper(threading.Thread):
     def stop(self) -> None:
         """Stop renewing."""
         self._stop_event.set()
+
+
+def index_key(app: Any) -> str:
+    """Name of kombu's unacked index for ``app``'s broker (``unacked_index`` by default)."""
+    opts = app.conf.broker_transport_options or {}
+    return str(opts.get("unacked_index_key", "unacked_index"))

@@ -15,7 +15,7 @@ import redis
 from celery import bootsteps, signals
 
 from config.settings import load_settings
-from workers import context
+from workers import context, lease
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
@@ -71,10 +71,9 @@ class EngineStep(bootsteps.StartStopStep):
             start_lease_keeper(worker.app)  # type: ignore[attr-defined]
             return
         settings = load_settings()
-        opts = worker.app.conf.broker_transport_options or {}  # type: ignore[attr-defined]
         client = redis.Redis.from_url(settings.redis_url.get_secret_value())
         _runtime = WorkerRuntime(settings, context.identity(), client,
-                                 opts.get("unacked_index_key", "unacked_index"))
+                                 lease.index_key(worker.app))  # type: ignore[attr-defined]
         atexit.register(_runtime.stop)
         _runtime.start()
 

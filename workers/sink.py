@@ -45,7 +45,7 @@ from workers.jobs import (
     result_key,
     results_prefix,
 )
-from workers.lease import LeaseKeeper
+from workers.lease import LeaseKeeper, index_key
 from workers.manifest import (
     SCHEMA,
     ShardInfo,
@@ -299,10 +299,8 @@ def sink_job(self: Task, job: str, request: str | None = None) -> dict[str, Any]
 def start_lease_keeper(app: Any) -> LeaseKeeper:
     """For a sink-only worker (no engine, so no runtime): renew the leases of its tasks."""
     settings = load_settings()
-    opts = app.conf.broker_transport_options or {}
     client = redis.Redis.from_url(settings.redis_url.get_secret_value())
-    keeper = LeaseKeeper(client, opts.get("unacked_index_key", "unacked_index"),
-                         settings.lease_renew_s)
+    keeper = LeaseKeeper(client, index_key(app), settings.lease_renew_s)
     keeper.start()
     return keeper
 
