@@ -84,12 +84,10 @@ def start_profiled_worker(fleet: Fleet, profile_dir: Path) -> WorkerProcess:
 
 # Entry points whose cumulative CPU time names a layer of the batch task (file suffix, function).
 LAYERS = (
-    ("HTTP client: httpx.AsyncClient.send (httpcore pool, anyio, h11)",
-     "httpx/_client.py", "send"),
-    ("  of which httpcore pool bookkeeping (_assign_requests_to_connections)",
-     "httpcore/_async/connection_pool.py", "_assign_requests_to_connections"),
-    ("imports while running (httpcore tries `import sniffio` per lock if it is missing)",
-     "<frozen importlib._bootstrap>", "_find_and_load"),
+    ("HTTP client: aiohttp ClientSession._request (pool, parser, streams)",
+     "aiohttp/client.py", "_request"),
+    ("engine client around it (EngineClient.complete: bodies, JSON, parsing)",
+     "workers/engine_client.py", "complete"),
     ("concurrency limiter (workers/limiter.py, Limiter.__aenter__)",
      "workers/limiter.py", "__aenter__"),
     ("response JSON parse (orjson.loads)", "~", "<built-in method orjson.loads>"),
