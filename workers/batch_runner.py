@@ -5,6 +5,9 @@ redelivered batch or a restarted engine only costs the prompts that were in flig
 Per-prompt errors become failed rows with a reason; an engine that stays down hands the batch
 back to the queue.
 
+The batches on one GPU share one in-flight budget, oldest batch first (workers/gpu_share.py),
+so their tails overlap instead of coinciding.
+
 Poison prompts: prompts in flight when the engine crashes are set aside as suspects and, once
 the rest of the batch is done, re-sent in halving groups. Only a crash while a suspect runs
 alone counts against it again; at ``poison_crashes`` crashes it is quarantined.
@@ -20,11 +23,13 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import orjson
+from redis.exceptions import RedisError
 
 from workers import jobstate, sink
 from workers.crashes import CrashTracker
 from workers.engine_client import Completion, EngineClient, Sampling
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
+from workers.gpu_share import GpuShare
 from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.limiter import Limiter
 from workers.progress import BatchEnv, ProgressRecorder, result_row
@@ -33,6 +38,7 @@ from workers.retry import RetryPolicy, backoff_s
 log = logging.getLogger(__name__)
 
 SAMPLING_KEYS = ("max_tokens", "max_new_tokens", "temperature", "top_p")
+SHARE_INTERVAL_S = 0.1  # well inside the time the engine's queue (the headroom) lasts
 T = TypeVar("T")
 
 
@@ -80,8 +86,11 @@ class BatchRunner:
         self.client = EngineClient(f"http://{s.engine_host}:{env.me.port}",
                                    s.request_timeout_s, 1024)
         self.in_flight: set[int] = set()
-        self.limiter = Limiter(1)
+        self.remaining = 0  # prompts of this run without an outcome yet: the batch's claim
+        self.budget = 0  # requests in flight on this GPU, shared with its other batches
+        self.limiter = Limiter(0)
         self._tag = f"{spec.name}/{batch}"
+        self.share = GpuShare(env.redis, env.me.node, self._tag)
         self._engine_wait: asyncio.Task[bool] | None = None
         self._crash_restarts = 0
         self._blame_all = True  # in isolation only a lone suspect is blamed for a crash
@@ -106,7 +115,7 @@ class BatchRunner:
             await self.crashes.add(suspects)
         if crashed and self._blame_all:
             # The engine may be back with another cap (a new profile): follow it.
-            await self.limiter.set_limit(await self._concurrency())
+            self.budget = await self._concurrency()
         if crashed:
             log.warning("engine on GPU %d crashed with %d prompts of batch %d in flight",
                         self.env.me.gpu, len(suspects), self.batch)
@@ -159,6 +168,7 @@ class BatchRunner:
 
     def _record(self, row: PromptRow, done: Completion | None, error: str | None) -> None:
         self.recorder.add(result_row(self.spec, self.batch, row, self.env, done, error))
+        self.remaining -= 1
 
     # --- phases -------------------------------------------------------------------------
     async def _concurrency(self) -> int:
@@ -220,30 +230,37 @@ class BatchRunner:
         counts = await self.crashes.counts([r.index for r in todo])
         fresh = [r for r in todo if counts[r.index] == 0]
         suspects = [r for r in todo if counts[r.index] > 0]
+        self.remaining = len(todo)
+        await self._take_share()  # claim the GPU before any request is sent
         flusher = asyncio.ensure_future(self.recorder.run_flusher())
-        reporter = asyncio.ensure_future(self._report_in_flight())
+        sharer = asyncio.ensure_future(self._share_gpu())
         try:
             await self._until_cancelled(self._phases(fresh, suspects))
         finally:
             flusher.cancel()
-            reporter.cancel()
+            sharer.cancel()
             await self.recorder.flush()
-            await self.env.redis.hdel(jobstate.in_flight_key(self.env.me.node), self._tag)
+            await self.share.leave()
 
-    async def _report_in_flight(self) -> None:
-        """Publish this batch's requests in flight (summed into the worker's heartbeat)."""
-        key = jobstate.in_flight_key(self.env.me.node)
+    async def _take_share(self) -> None:
+        """Publish this batch's claim on the GPU's budget and set the limit to its share."""
+        try:
+            share = await self.share.exchange(self.remaining, len(self.in_flight), self.budget)
+        except (RedisError, OSError) as exc:
+            log.debug("GPU share not exchanged (%s): using the whole budget", exc)
+            share = self.budget  # sending too much only queues in the engine; too little stalls
+        await self.limiter.set_limit(share)
+
+    async def _share_gpu(self) -> None:
         while True:
-            async with self.env.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, self._tag, len(self.in_flight))
-                pipe.expire(key, 30)
-                await pipe.execute()
-            await asyncio.sleep(1.0)
+            await self._take_share()
+            await asyncio.sleep(SHARE_INTERVAL_S)
 
     async def _phases(self, fresh: list[PromptRow], suspects: list[PromptRow]) -> None:
         if fresh:
             await self._wait_for_engine()
-            await self.limiter.set_limit(await self._concurrency())
+            self.budget = await self._concurrency()
+            await self._take_share()
             suspects += await self._send(fresh, self.limiter)
         await self._isolate(suspects)
 

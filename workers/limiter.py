@@ -8,10 +8,11 @@ from types import TracebackType
 
 class Limiter:
     """Like ``asyncio.Semaphore``, but ``set_limit`` may raise or lower the limit at any time
-    (the engine came back with another running cap)."""
+    (the engine came back with another running cap, or another batch on the GPU needs the
+    slots). A limit of 0 holds every waiter until it is raised."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
+        self.limit = max(0, limit)
         self.active = 0
         self._cond = asyncio.Condition()
 
@@ -32,5 +33,5 @@ class Limiter:
     async def set_limit(self, limit: int) -> None:
         """Change the limit; waiters are woken if it grew."""
         async with self._cond:
-            self.limit = max(1, limit)
+            self.limit = max(0, limit)
             self._cond.notify_all()

@@ -19,7 +19,7 @@ from celery.worker import state as worker_state
 
 from config.launch_profile import LaunchProfile, load_profile
 from config.settings import Settings
-from workers import heartbeat, jobstate
+from workers import gpu_share, heartbeat, jobstate
 from workers.context import WorkerIdentity
 from workers.engine import Engine, EngineSpec
 from workers.errors import EngineStartFailed
@@ -156,7 +156,8 @@ class WorkerRuntime:
 
     def _in_flight(self) -> int:
         """Requests this worker's batches have in flight (reported by the pool children)."""
-        return sum(int(v) for v in self.redis.hvals(jobstate.in_flight_key(self.me.node)))
+        raw = self.redis.hgetall(jobstate.in_flight_key(self.me.node))
+        return gpu_share.in_flight_total(raw, time.time())
 
     def heartbeat_payload(self) -> dict[str, Any]:
         """What this worker tells the fleet about itself."""

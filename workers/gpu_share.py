@@ -1,0 +1,97 @@
+"""One in-flight budget per GPU, shared by the batches on it, oldest batch first.
+
+Two batches on one GPU that each keep the engine's cap in flight start together, drain
+together and reach their tails together, so the engine empties at the end of every round.
+Here the oldest batch may use the whole budget and each younger batch gets what the older ones
+do not claim. A batch claims the prompts it has not finished (counted up to the budget), so a
+younger batch only sends while the older ones are in their tails: the engine stays full
+whenever any batch on the GPU has unsent prompts, and the batches fall out of phase by
+construction.
+
+Claims live in the node's in-flight hash (``jobstate.in_flight_key``), one field per batch,
+which the worker's heartbeat also sums. A claim not refreshed for ``STALE_S`` is ignored: the
+process that wrote it is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import orjson
+import redis.asyncio as aioredis
+
+from workers import jobstate
+
+STALE_S = 3.0
+KEY_TTL_S = 30
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one batch on the GPU holds and wants."""
+
+    tag: str
+    started: float
+    claim: int
+    in_flight: int
+    at: float
+
+    def encode(self) -> bytes:
+        """The hash field's value."""
+        return orjson.dumps({"started": self.started, "claim": self.claim,
+                             "in_flight": self.in_flight, "at": self.at})
+
+    @classmethod
+    def decode(cls, tag: str, raw: bytes) -> Claim | None:
+        """None for a value this code did not write."""
+        try:
+            d = orjson.loads(raw)
+            return cls(tag, float(d["started"]), int(d["claim"]), int(d["in_flight"]),
+                       float(d["at"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+
+def decode_all(raw: dict[bytes, bytes]) -> list[Claim]:
+    """Every readable claim of a node's hash."""
+    claims = (Claim.decode(k.decode(), v) for k, v in raw.items())
+    return [c for c in claims if c is not None]
+
+
+def allowed(mine: Claim, claims: Iterable[Claim], budget: int, now: float) -> int:
+    """Requests this batch may have in flight: the budget less what older live batches claim."""
+    older = sum(min(c.claim, budget) for c in claims
+                if c.tag != mine.tag and now - c.at <= STALE_S
+                and (c.started, c.tag) < (mine.started, mine.tag))
+    return max(budget - older, 0)
+
+
+def in_flight_total(raw: dict[bytes, bytes], now: float) -> int:
+    """Requests in flight on the node, from its live claims (for the heartbeat)."""
+    return sum(c.in_flight for c in decode_all(raw) if now - c.at <= STALE_S)
+
+
+class GpuShare:
+    """This batch's place in its GPU's budget."""
+
+    def __init__(self, redis: aioredis.Redis, node: str, tag: str) -> None:
+        self.redis, self.tag = redis, tag
+        self.key = jobstate.in_flight_key(node)
+        self.started = time.time()
+
+    async def exchange(self, claim: int, in_flight: int, budget: int) -> int:
+        """Publish this batch's claim and return how many requests it may have in flight."""
+        now = time.time()
+        mine = Claim(self.tag, self.started, claim, in_flight, now)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.key, self.tag, mine.encode())
+            pipe.expire(self.key, KEY_TTL_S)
+            pipe.hgetall(self.key)
+            *_, raw = await pipe.execute()
+        return allowed(mine, decode_all(raw), budget, now)
+
+    async def leave(self) -> None:
+        """Drop this batch's claim (it is done, handed back or cancelled)."""
+        await self.redis.hdel(self.key, self.tag)
