@@ -86,7 +86,7 @@ def start_profiled_worker(fleet: Fleet, profile_dir: Path) -> WorkerProcess:
 LAYERS = (
     ("HTTP client: aiohttp ClientSession._request (pool, parser, streams)",
      "aiohttp/client.py", "_request"),
-    ("engine client around it (EngineClient.complete: bodies, JSON, parsing)",
+    ("engine client, the line above included (EngineClient.complete: bodies, JSON, parsing)",
      "workers/engine_client.py", "complete"),
     ("concurrency limiter (workers/limiter.py, Limiter.__aenter__)",
      "workers/limiter.py", "__aenter__"),

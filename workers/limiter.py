@@ -31,7 +31,7 @@ class Limiter:
             self._cond.notify(1)  # one slot freed: wake one waiter, not hundreds
 
     async def set_limit(self, limit: int) -> None:
-        """Change the limit; waiters are woken if it grew."""
+        """Change the limit; as many waiters are woken as there are free slots."""
         async with self._cond:
             self.limit = max(0, limit)
-            self._cond.notify_all()
+            self._cond.notify(max(self.limit - self.active, 0))
