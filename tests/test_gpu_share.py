@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from tests.conftest import run_producer, wait_done, write_prompts
 from workers import jobstate
 from workers.gpu_share import STALE_S, Claim, GpuShare, allowed, in_flight_total
+from workers.limiter import Limiter
 
 
 def _claim(tag: str, started: float, claim: int, at: float = 100.0, in_flight: int = 0) -> Claim:
@@ -113,3 +114,28 @@ def test_two_batches_on_a_gpu_keep_one_budget_in_flight_and_overlap_tails(
     over = sum(t > budget for t in sampler.engine)
     assert len(sampler.engine) > 50
     assert over <= 0.05 * len(sampler.engine), sorted(sampler.engine)[-20:]
+
+
+def test_limiter_holds_at_zero_and_admits_as_many_as_the_new_limit():
+    async def scenario() -> list[int]:
+        limiter = Limiter(0)
+        inside: list[int] = []
+        release = asyncio.Event()
+
+        async def one(i: int) -> None:
+            async with limiter:
+                inside.append(i)
+                await release.wait()
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(10)]
+        seen = []
+        for limit in (0, 3, 1, 5):  # lowering never preempts; raising admits up to the limit
+            await limiter.set_limit(limit)
+            await asyncio.sleep(0.01)
+            seen.append(len(inside))
+        release.set()
+        await asyncio.gather(*tasks)
+        seen.append(len(inside))
+        return seen
+
+    assert asyncio.run(scenario()) == [0, 3, 3, 5, 10]
