@@ -117,6 +117,25 @@ def test_hung_request_times_out_and_rejected_prompt_is_quarantined_at_once(
     assert "rejected" in out[6]["error"]
 
 
+def test_hung_engine_is_restarted_by_the_stall_watch_and_its_prompt_quarantined(
+        fleet_env, make_workers, tmp_path, r):
+    # The engine stays up and answers /health, but its only running request never produces a
+    # token: only the decode counter in /metrics shows the hang.
+    (worker,) = make_workers([0], FLEET_ENGINE_STALL_TIMEOUT_S="2", FLEET_REQUEST_TIMEOUT_S="600",
+                             FLEET_POISON_CRASHES="2")
+    rows = [{"prompt": f"fine {i}"} for i in range(6)]
+    rows[2]["prompt"] = "this one __SIM_HANG__ forever"
+    res = run_producer(fleet_env, "enqueue", str(_job_with(tmp_path, rows)), "--job", "stall")
+    assert res.returncode == 0, res.stderr
+    st = wait_done(fleet_env, "stall", timeout_s=120)
+    assert (st["completed"], st["failed"]) == (5, 1)
+    out = _rows(fleet_env, "stall")
+    assert "poison prompt" in out[2]["error"] and "crashed 2 times" in out[2]["error"]
+    log = worker.log_path.read_text()
+    assert log.count("no token progress for 2 s") == 2
+    assert _verify(fleet_env, "stall")["ok"]
+
+
 def test_requeue_truncated_rows_with_a_larger_cap(fleet_env, make_workers, tmp_path, r):
     make_workers([0], FLEET_SIM_SPEED="20")
     src = write_prompts(tmp_path / "p.jsonl", 60)
