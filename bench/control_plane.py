@@ -19,7 +19,10 @@ import pstats
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import ROOT, Fleet, Goal, local_fleet, note, verdict, write_chat_prompts
@@ -35,13 +38,20 @@ STATUS_GOAL_MS = 200.0
 PROMPT_BYTES = 1024
 STATUS_CALLS = 7
 PROFILE_ROWS = 50_000
-# (label, file suffix, function): cumulative time of these calls splits staging into its parts.
-STAGE_PARTS = (
-    ("read + parse the JSONL (orjson, normalize, PromptRow)", "producer/readers.py",
-     "read_jsonl"),
-    ("row dicts (PromptRow.model_dump)", "pydantic/main.py", "model_dump"),
-    ("fingerprint (orjson sort_keys + sha256)", "~", "<method 'update' of '_hashlib.HASH' "
-     "objects>"),
+# The heaviest imports of ``status --json`` (they share standard-library modules, so their
+# times alone add up to more than importing producer.cli).
+CLI_IMPORTS = (("redis-py", "redis"), ("config.settings (pydantic-settings)", "config.settings"),
+               ("typer", "typer"))
+# (label, file suffix, function): cumulative time of these calls splits staging into its parts,
+# on the main thread (parse, fingerprint, encode) and on the writer thread (gzip, store writes).
+MAIN_PARTS = (
+    ("read + parse the JSONL (orjson, normalize)", "producer/readers.py", "read_jsonl"),
+    ("fingerprint (orjson sort_keys + sha256)", "producer/enqueue.py", "_fingerprint"),
+    ("encode each batch as JSONL (orjson)", "workers/jobs.py", "encode_rows"),
+    ("wait for the writer thread (queue full, last writes)", "~",
+     "<method 'acquire' of '_thread.lock' objects>"),
+)
+WRITER_PARTS = (
     ("gzip level 1 (zlib.compress)", "~", "<built-in method zlib.compress>"),
     ("store writes (write, fsync, rename)", "workers/store.py", "put_stream"),
 )
@@ -67,8 +77,10 @@ def status_latencies(fleet: Fleet, job: str) -> tuple[list[float], list[float]]:
     return cli_ms, call_ms
 
 
-def interpreter_ms(statement: str, runs: int = 3) -> float:
-    """Median wall ms of ``python -c statement`` (interpreter start plus its imports)."""
+def interpreter_ms(imports: str, runs: int = 3) -> float:
+    """Median wall ms of an interpreter that imports ``imports`` (comma-separated modules, or
+    none) and stops at once: start-up plus the imports, without the exit's module teardown."""
+    statement = f"import os{', ' + imports if imports else ''}; os._exit(0)"
     times = []
     for _ in range(runs):
         t0 = time.monotonic()
@@ -77,26 +89,52 @@ def interpreter_ms(statement: str, runs: int = 3) -> float:
     return statistics.median(times)
 
 
+@contextmanager
+def profile_new_threads(profilers: list[cProfile.Profile]) -> Iterator[None]:
+    """Run each thread started inside the block under a cProfile profiler of its own."""
+    def start(*_args: object) -> None:
+        sys.setprofile(None)
+        profiler = cProfile.Profile()
+        profilers.append(profiler)
+        profiler.enable()
+
+    threading.setprofile(start)
+    try:
+        yield
+    finally:
+        threading.setprofile(None)
+
+
+def print_parts(profiler: cProfile.Profile, parts: tuple[tuple[str, str, str], ...],
+                wall: float, scale: float) -> None:
+    """Print the cumulative time of each part of a profile, as a share of ``wall``."""
+    table = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    for label, suffix, name in parts:
+        cum = sum(ct for (file, _line, fn), (_cc, _nc, _tt, ct, _callers) in table.items()
+                  if file.endswith(suffix) and fn == name)
+        print(f"    {cum / wall:6.1%}  {label}  (~{cum * scale:.0f} s per 1M rows)")
+
+
 def stage_breakdown(path: Path, workdir: Path, rows: int = PROFILE_ROWS) -> None:
     """Profile staging of the first ``rows`` prompts in-process; print its parts for 1M rows."""
     store = open_store((workdir / "profile-store").as_uri())
     spec = JobSpec(name="prof", total=0, batch_size=500, n_batches=0, input_path=str(path),
                    input_fingerprint="")
-    profiler = cProfile.Profile()
+    profiler, writers = cProfile.Profile(), []
     t0 = time.monotonic()
-    profiler.enable()
-    stage(store, "prof", itertools.islice(read_rows(path), rows), 500,
-          EnqueueReport(spec=spec, created=True), skip_existing=False)
-    profiler.disable()
+    with profile_new_threads(writers):
+        profiler.enable()
+        stage(store, "prof", itertools.islice(read_rows(path), rows), 500,
+              EnqueueReport(spec=spec, created=True), skip_existing=False)
+        profiler.disable()
     wall = time.monotonic() - t0
     scale = 1_000_000 / rows
-    table = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     print(f"  staging {rows:,} rows took {wall:.1f} s under cProfile "
-          f"({wall * scale:.0f} s per 1M); of that:")
-    for label, suffix, name in STAGE_PARTS:
-        cum = sum(ct for (file, _line, fn), (_cc, _nc, _tt, ct, _callers) in table.items()
-                  if file.endswith(suffix) and fn == name)
-        print(f"    {cum / wall:6.1%}  {label}  (~{cum * scale:.0f} s per 1M rows)")
+          f"({wall * scale:.0f} s per 1M); of that, on the main thread:")
+    print_parts(profiler, MAIN_PARTS, wall, scale)
+    print("  and on the writer thread, at the same time:")
+    for writer in writers:
+        print_parts(writer, WRITER_PARTS, wall, scale)
 
 
 def wait_running(fleet: Fleet, job: str, timeout_s: float = 120) -> dict:
@@ -140,10 +178,16 @@ def main(argv: list[str] | None = None) -> int:
              f"{', '.join(f'{m:.0f}' for m in cli_ms)} ms; in-process job_status "
              f"{', '.join(f'{m:.1f}' for m in call_ms)} ms")
         fleet.producer("cancel", "--job", job)
-        start_ms = interpreter_ms("pass")
-        import_ms = interpreter_ms("import producer.cli")
+        start_ms = interpreter_ms("")
+        import_ms = interpreter_ms("producer.cli")
+        alone = {name: interpreter_ms(module) - start_ms for name, module in CLI_IMPORTS}
+        reads_ms = statistics.median(call_ms)
+        rest_ms = statistics.median(cli_ms) - import_ms - reads_ms
         note(f"of the CLI's time: interpreter start {start_ms:.0f} ms, importing producer.cli "
-             f"{import_ms - start_ms:.0f} ms, the Redis reads ~{statistics.median(call_ms):.0f} ms")
+             f"{import_ms - start_ms:.0f} ms (each alone: "
+             f"{', '.join(f'{name} {ms:.0f} ms' for name, ms in alone.items())}), "
+             f"the Redis reads ~{reads_ms:.0f} ms, the rest (command line, settings, job "
+             f"record, connect, exit) ~{rest_ms:.0f} ms")
         if enqueue_s > ENQUEUE_GOAL_S:
             stage_breakdown(path, fleet.workdir)
     return verdict("bench.control_plane (goal 3)", [

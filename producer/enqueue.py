@@ -2,16 +2,20 @@
 
 Re-running it for the same job is the resume and reconcile command: the store says which
 batches are done (their result objects exist), Redis says which are pending, and only the rest
-is sent. The input is streamed: at most one batch of rows is held in memory.
+is sent. The input is streamed: a batch is compressed and written on a background thread while
+the next one is parsed, and at most a few batches are held in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -23,9 +27,9 @@ from workers.celery_app import SHARED_QUEUE
 from workers.errors import InputError, JobError
 from workers.jobs import (
     JobSpec,
-    PromptRow,
     SamplingSpec,
     batch_of_result_key,
+    compress_rows,
     decode_rows,
     encode_rows,
     input_key,
@@ -51,8 +55,8 @@ class EnqueueReport:
     bad_rows: list[str] = field(default_factory=list)
 
 
-def _chunks(rows: Iterable[PromptRow], size: int) -> Iterator[list[PromptRow]]:
-    chunk: list[PromptRow] = []
+def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
     for row in rows:
         chunk.append(row)
         if len(chunk) == size:
@@ -62,6 +66,55 @@ def _chunks(rows: Iterable[PromptRow], size: int) -> Iterator[list[PromptRow]]:
         yield chunk
 
 
+class BatchWriter:
+    """Compress and store staged batches on one background thread, in the order given.
+
+    zlib and file or network I/O release the GIL, so a batch is written while the caller parses
+    the next on another core. The queue is bounded, so memory stays flat when the store is the
+    slower side. The first failed write stops the writes; its exception (a StoreError for the
+    store's failures) is raised in the caller's thread by the next :meth:`put` or on leaving
+    the ``with`` block, so it ends the command like any other error.
+    """
+
+    def __init__(self, store: Store, depth: int = 2) -> None:
+        self._store = store
+        self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=depth)
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name="stage-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # After a failure the queue is still drained, so a put() never blocks forever.
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                key, data = item
+                try:
+                    self._store.put(key, compress_rows(data))
+                except Exception as exc:
+                    self._error = exc
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, key: str, data: bytes) -> None:
+        """Queue JSONL ``data`` to be stored compressed under ``key`` (blocks while the queue
+        is full); raise the error of an earlier write, if one failed."""
+        self._raise_error()
+        self._queue.put((key, data))
+
+    def __enter__(self) -> BatchWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Wait for the queued writes; raise a write's error unless the block raised first."""
+        self._queue.put(None)
+        self._thread.join()
+        if exc_type is None:
+            self._raise_error()
+
+
 def _existing_spec(store: Store, job: str) -> JobSpec | None:
     try:
         return load_spec(store, job)
@@ -69,24 +122,28 @@ def _existing_spec(store: Store, job: str) -> JobSpec | None:
         return None
 
 
-def stage(store: Store, job: str, rows: Iterable[PromptRow], batch_size: int,
+def _fingerprint(digest: hashlib._Hash, rows: list[dict[str, Any]]) -> None:
+    """Add rows to the input fingerprint: each row's JSON with sorted keys, in row order."""
+    digest.update(b"".join([orjson.dumps(d, option=orjson.OPT_SORT_KEYS) for d in rows]))
+
+
+def stage(store: Store, job: str, rows: Iterable[dict[str, Any]], batch_size: int,
           report: EnqueueReport, skip_existing: bool,
           on_batch: Callable[[int, int], None] | None = None) -> tuple[int, int, str]:
-    """Write each batch's rows to the store; return (rows, batches, input fingerprint)."""
+    """Write each batch of staged row dicts (as :mod:`producer.readers` yields them) to the
+    store; return (rows, batches, input fingerprint)."""
     digest, total, n = hashlib.sha256(), 0, 0
-    for n, chunk in enumerate(_chunks(rows, batch_size), start=1):
-        dicts = [r.model_dump(exclude_defaults=True) | {"index": r.index, "id": r.id}
-                 for r in chunk]
-        for d in dicts:
-            digest.update(orjson.dumps(d, option=orjson.OPT_SORT_KEYS))
-        report.bad_rows += [r.error for r in chunk if r.error]
-        key = input_key(job, n - 1)
-        if not (skip_existing and store.exists(key)):
-            store.put(key, encode_rows(dicts, compress=True))
-            report.staged += 1
-        total += len(chunk)
-        if on_batch:
-            on_batch(total, n)
+    with BatchWriter(store) as writer:
+        for n, chunk in enumerate(_chunks(rows, batch_size), start=1):
+            _fingerprint(digest, chunk)
+            report.bad_rows += [e for d in chunk if (e := d.get("error"))]
+            key = input_key(job, n - 1)
+            if not (skip_existing and store.exists(key)):
+                writer.put(key, encode_rows(chunk, compress=False))
+                report.staged += 1
+            total += len(chunk)
+            if on_batch:
+                on_batch(total, n)
     return total, n, digest.hexdigest()
 
 
@@ -139,7 +196,7 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
 
 
 def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,
-            batch_size: int | None, sampling: SamplingSpec, rows: Iterable[PromptRow],
+            batch_size: int | None, sampling: SamplingSpec, rows: Iterable[dict[str, Any]],
             on_batch: Callable[[int, int], None] | None = None,
             default_batch_size: int = 500,
             before_reconcile: Callable[[JobSpec], None] | None = None) -> EnqueueReport:

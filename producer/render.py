@@ -6,7 +6,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console, Group
@@ -14,7 +14,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from producer.enqueue import EnqueueReport
+if TYPE_CHECKING:
+    from producer.enqueue import EnqueueReport
 
 
 @contextlib.contextmanager

@@ -136,6 +136,20 @@ def test_bad_input_file_gets_one_line_error_and_exit_code_2(fleet_env, tmp_path,
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
 
 
+def test_failed_staging_write_gets_one_line_error_and_exit_code_3(fleet_env, tmp_path, r):
+    # The staged batches are written on a background thread: its error still ends the command.
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 50)
+    inputs = Path(fleet_env["FLEET_STORE_URL"].removeprefix("file://")) / "jobs/full/inputs"
+    inputs.parent.mkdir(parents=True)
+    inputs.write_text("a file where the batch folder should be")
+    res = run_producer(fleet_env, "enqueue", str(prompts), "--job", "full", "--batch-size", "10")
+    assert res.returncode == 3, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert lines[0].startswith("error: cannot write ") and "b000000.jsonl.gz" in lines[0]
+    assert r.llen("gpu") == 0
+
+
 def test_rows_without_a_prompt_are_quarantined_with_a_reason(fleet_env, make_workers, tmp_path,
                                                              r: redis.Redis):
     src = tmp_path / "mixed.jsonl"

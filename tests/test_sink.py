@@ -121,7 +121,8 @@ def make_job(
 ) -> JobSpec:
     """Stage ``rows`` as the producer does and store results for every batch not missing."""
     report = EnqueueReport(spec=None, created=True)  # type: ignore[arg-type]
-    total, n, fingerprint = stage(store, name, rows, batch_size, report, False)
+    staged = [row.model_dump(exclude_defaults=True) for row in rows]  # as producer.readers
+    total, n, fingerprint = stage(store, name, staged, batch_size, report, False)
     spec = JobSpec(
         name=name,
         total=total,

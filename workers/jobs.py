@@ -115,8 +115,13 @@ def load_spec(store: Store, job: str) -> JobSpec:
 
 def encode_rows(rows: list[dict[str, Any]], compress: bool) -> bytes:
     """JSONL bytes (gzip-compressed when asked)."""
-    data = b"".join(orjson.dumps(r) + b"\n" for r in rows)
-    return gzip.compress(data, compresslevel=1) if compress else data
+    data = b"".join([orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows])
+    return compress_rows(data) if compress else data
+
+
+def compress_rows(data: bytes) -> bytes:
+    """JSONL bytes compressed as staged inputs are stored (gzip, level 1)."""
+    return gzip.compress(data, compresslevel=1)
 
 
 def decode_rows(data: bytes) -> list[dict[str, Any]]:
