@@ -77,7 +77,7 @@ def status_latencies(fleet: Fleet, job: str) -> tuple[list[float], list[float]]:
     return cli_ms, call_ms
 
 
-def interpreter_ms(imports: str, runs: int = 3) -> float:
+def interpreter_ms(imports: str, runs: int = 7) -> float:
     """Median wall ms of an interpreter that imports ``imports`` (comma-separated modules, or
     none) and stops at once: start-up plus the imports, without the exit's module teardown."""
     statement = f"import os{', ' + imports if imports else ''}; os._exit(0)"
