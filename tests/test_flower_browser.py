@@ -145,7 +145,7 @@ def test_flower_status_prometheus_and_report_show_the_run(fleet_env, make_worker
     assert (st["completed"] + st["failed"], st["failed"], st["truncated"], st["total"]) == (
         report["rows"], report["failed"], report["truncated"], report["expected"])
     assert {w["node"] for w in st["workers"]} == {w.node for w in workers}
-    assert all(w["cap"] == 40 and w["running"] is not None for w in st["workers"])
+    assert all(w["cap"] == 40 and w["running"] is not None for w in st["workers"]), st["workers"]
 
     # Each worker's exporter: the token counters add up to the job's output tokens.
     tokens = _stored_tokens(fleet_env["FLEET_STORE_URL"])

@@ -33,7 +33,7 @@ from workers.celery_app import make_app
 from workers.context import WorkerIdentity
 from workers.engine import EngineState
 from workers.events import BATCH_TASK, TaskProgress, format_task, worker_info
-from workers.gauges import EngineSample, RateWindow, sample_from
+from workers.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
 from workers.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.metrics import Exporter, FleetCollector, node_prompts_key, record_batch
 from workers.progress import BatchEnv, ProgressRecorder
@@ -93,6 +93,18 @@ def test_engine_sample_reads_sglang_metrics_and_effective_cap():
     only_loads = sample_from(None, loads)
     assert (only_loads.running, only_loads.queued, only_loads.cap) == (11, 4, 40)
     assert sample_from(None, None) is None
+
+
+def test_a_failed_scrape_keeps_the_last_full_sample_for_a_while(r: redis.Redis):
+    watch = WorkerWatch(f"http://127.0.0.1:{free_port()}", r, NODE, 1.0, 60.0)  # refuses
+    full = EngineSample(running=12, queued=3, cap=40, kv_usage=0.5)
+    watch.engine = full
+    watch._full_at = time.monotonic()
+    watch.tick()
+    assert watch.engine == full  # one slow or failed scrape does not blank the gauges
+    watch._full_at = time.monotonic() - KEEP_LAST_S - 1
+    watch.tick()
+    assert watch.engine is None  # an engine silent for longer is unknown
 
 
 def _families(text: str) -> dict[str, Any]:

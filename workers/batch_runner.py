@@ -113,8 +113,8 @@ class BatchRunner:
         crashed, self._crash_restarts = restarts > self._crash_restarts, restarts
         if crashed and (self._blame_all or len(suspects) == 1):
             await self.crashes.add(suspects)
-        if crashed and self._blame_all:
-            # The engine may be back with another cap (a new profile): follow it.
+        if self.budget:
+            # The engine may be back with another cap (a relaunch with a new profile).
             self.budget = await self._concurrency()
         if crashed:
             log.warning("engine on GPU %d crashed with %d prompts of batch %d in flight",

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import httpx
@@ -27,6 +27,9 @@ from workers.tune.engine_metrics import MetricSet, parse_metrics
 log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 2.0
+# A scrape that fails or comes back partial (a busy engine answering slowly) is filled in from
+# the last full sample this recent, so Flower and `status` do not flicker to "unknown".
+KEEP_LAST_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class WorkerWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleet-watch", daemon=True)
         self.engine: EngineSample | None = None
+        self._full_at = -KEEP_LAST_S  # monotonic time of the last sample with running and cap
         self.output_tokens = 0
         self.tokens_per_sec = 0.0
 
@@ -148,7 +152,14 @@ class WorkerWatch:
 
     def tick(self) -> None:
         """Take one sample of the engine and of the token counter."""
-        self.engine = self._scrape_engine()
+        sample, now = self._scrape_engine(), time.monotonic()
+        if sample is not None and sample.running is not None and sample.cap is not None:
+            self.engine, self._full_at = sample, now
+        elif self.engine is not None and now - self._full_at <= KEEP_LAST_S:
+            known = asdict(sample) if sample is not None else {}
+            self.engine = replace(self.engine, **{k: v for k, v in known.items() if v is not None})
+        else:
+            self.engine = sample
         raw = self.redis.hget(jobstate.node_stats_key(self.node), "output_tokens")
         self.output_tokens = int(raw or 0)
         self._rate.add(time.monotonic(), self.output_tokens)
@@ -160,6 +171,8 @@ class WorkerWatch:
                 self.tick()
             except redis.RedisError as exc:
                 log.warning("worker watch: cannot read counters: %s", exc)
+            except Exception:  # a gauge thread that dies silently freezes every dashboard
+                log.exception("worker watch: sample failed")
             self._stop.wait(self.interval_s)
         self._http.close()
 
