@@ -1,6 +1,5 @@
-"""Fleet configuration: one settings object (env prefix ``FLEET_``) and TOML launch profiles."""
+"""Fleet configuration: one settings object (``config.settings``, env prefix ``FLEET_``) and
+TOML launch profiles (``config.launch_profile``, files under ``config/profiles/``).
 
-from config.launch_profile import LaunchProfile, load_profile
-from config.settings import Settings, load_settings
-
-__all__ = ["LaunchProfile", "Settings", "load_profile", "load_settings"]
+Nothing is imported here, so a command pays only for the module it uses.
+"""
