@@ -116,6 +116,9 @@ def effective_cap(loads: dict[str, Any] | None, server_info: dict[str, Any] | No
     return int(sum(caps)) if caps else None
 
 
+KEEPALIVE_S = 4.0
+
+
 class EngineClient:
     """Async client for one engine; one instance per event loop (the session is made on first
     use, inside the loop)."""
@@ -131,7 +134,9 @@ class EngineClient:
             self._session = aiohttp.ClientSession(
                 self.base_url,
                 timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                # SGLang's uvicorn closes idle connections after 5 s: never reuse one that old.
+                connector=aiohttp.TCPConnector(limit=self._max_connections,
+                                               keepalive_timeout=KEEPALIVE_S),
             )
         return self._session
 
