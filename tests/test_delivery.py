@@ -80,10 +80,14 @@ def test_live_batch_longer_than_the_lease_is_never_run_twice(fleet_env, make_wor
     assert {row["node"] for row in _rows(fleet_env, "slow")} == {a.node}
 
 
-def _job_with(tmp_path: Path, rows: list[dict]) -> Path:
+def _run_rows(env: dict[str, str], tmp_path: Path, rows: list[dict], job: str,
+              timeout_s: float) -> dict:
+    """Enqueue ``rows`` as ``job`` and wait until it is done; return its last status."""
     path = tmp_path / "special.jsonl"
     path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in rows))
-    return path
+    res = run_producer(env, "enqueue", str(path), "--job", job)
+    assert res.returncode == 0, res.stderr
+    return wait_done(env, job, timeout_s=timeout_s)
 
 
 def test_poison_prompt_is_bisected_out_and_the_rest_completes(fleet_env, make_workers, tmp_path,
@@ -91,9 +95,7 @@ def test_poison_prompt_is_bisected_out_and_the_rest_completes(fleet_env, make_wo
     make_workers([0], FLEET_SIM_SPEED="2")
     rows = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(12)]
     rows[7]["prompt"] = "please __SIM_CRASH__ now"
-    res = run_producer(fleet_env, "enqueue", str(_job_with(tmp_path, rows)), "--job", "poison")
-    assert res.returncode == 0, res.stderr
-    st = wait_done(fleet_env, "poison", timeout_s=180)
+    st = _run_rows(fleet_env, tmp_path, rows, "poison", 180)
     assert (st["completed"], st["failed"]) == (11, 1)
     out = _rows(fleet_env, "poison")
     assert out[7]["status"] == "failed" and "poison prompt" in out[7]["error"]
@@ -108,9 +110,7 @@ def test_hung_request_times_out_and_rejected_prompt_is_quarantined_at_once(
     rows = [{"prompt": f"fine {i}"} for i in range(10)]
     rows[3]["prompt"] = "this one __SIM_HANG__ forever"
     rows[6]["prompt"] = "x" * 40000  # ~10k tokens: longer than the 8192-token context
-    res = run_producer(fleet_env, "enqueue", str(_job_with(tmp_path, rows)), "--job", "hang")
-    assert res.returncode == 0, res.stderr
-    st = wait_done(fleet_env, "hang", timeout_s=120)
+    st = _run_rows(fleet_env, tmp_path, rows, "hang", 120)
     assert (st["completed"], st["failed"]) == (8, 2)
     out = _rows(fleet_env, "hang")
     assert "gave up after 2 attempts" in out[3]["error"]
@@ -125,9 +125,7 @@ def test_hung_engine_is_restarted_by_the_stall_watch_and_its_prompt_quarantined(
                              FLEET_POISON_CRASHES="2")
     rows = [{"prompt": f"fine {i}"} for i in range(6)]
     rows[2]["prompt"] = "this one __SIM_HANG__ forever"
-    res = run_producer(fleet_env, "enqueue", str(_job_with(tmp_path, rows)), "--job", "stall")
-    assert res.returncode == 0, res.stderr
-    st = wait_done(fleet_env, "stall", timeout_s=120)
+    st = _run_rows(fleet_env, tmp_path, rows, "stall", 120)
     assert (st["completed"], st["failed"]) == (5, 1)
     out = _rows(fleet_env, "stall")
     assert "poison prompt" in out[2]["error"] and "crashed 2 times" in out[2]["error"]
