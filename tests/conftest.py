@@ -92,6 +92,13 @@ def run_producer(env: dict[str, str], *args: str, timeout_s: float = 120
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+def run_tune(env: dict[str, str], *args: str, timeout_s: float = 240
+             ) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m workers.tune ARGS`` as a user would."""
+    return subprocess.run([sys.executable, "-m", "workers.tune", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
 def write_prompts(path: Path, n: int, start: int = 0) -> Path:
     """A JSONL prompt file with ``n`` rows (plain prompts and chat messages mixed)."""
     with path.open("wb") as fh:

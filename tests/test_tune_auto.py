@@ -8,11 +8,9 @@ better profile and roll it out to the other GPU one at a time while the job keep
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from config.launch_profile import load_profile
-from tests.conftest import ROOT, run_producer, wait_done, write_prompts
+from tests.conftest import ROOT, run_producer, run_tune, wait_done, write_prompts
 from workers.heartbeat import read_heartbeats
 from workers.tune import snapshot
 from workers.tune.apply import is_better
@@ -58,20 +56,6 @@ def test_next_profile_leaves_lossy_levers_and_client_limits_to_a_person():
 def test_a_trial_is_kept_only_for_a_real_gain():
     assert is_better(2000.0, 2100.0) and not is_better(2000.0, 2099.0)
     assert not is_better(2000.0, 1500.0)
-
-
-def run_tune(
-    env: dict[str, str], *args: str, timeout_s: float = 240
-) -> subprocess.CompletedProcess:
-    """Run ``python -m workers.tune ARGS`` as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "workers.tune", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
 
 
 def test_auto_lifts_baseline_throughput_175x_and_loses_no_prompt(

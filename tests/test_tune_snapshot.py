@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from config.launch_profile import load_profile
-from producer.localfleet import free_port, stop_process
-
-ROOT = Path(__file__).resolve().parents[1]
+from producer.localfleet import free_port
+from tests.conftest import ROOT, run_tune
+from tests.simproc import launch
 
 
 @pytest.fixture()
@@ -35,51 +31,16 @@ def sim_engine(tmp_path: Path, redis_server) -> Iterator[dict[str, str]]:
         PYTHONPATH=str(ROOT),
     )
     argv = load_profile("qwen36-27b-baseline").to_argv()
-    with (logs / "engine-gpu0.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workers.sim",
-                *argv,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env={**env, "SGLANG_ENABLE_SPEC_V2": "1"},
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (logs / "engine-gpu0.log").read_text()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "sim engine never became healthy"
-        time.sleep(0.2)
+    sim = launch(logs, argv, {**env, "SGLANG_ENABLE_SPEC_V2": "1"}, port=port,
+                 log_name="engine-gpu0.log")
+    sim.wait_ready()
     yield env
-    stop_process(proc, grace_s=5)
-
-
-def _tune(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.tune", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    sim.stop()
 
 
 def test_snapshot_of_a_live_engine_then_diagnose_it(sim_engine, tmp_path):
     out = tmp_path / "snap.json"
-    res = _tune(sim_engine, "snapshot", "--gpu", "0", "--out", str(out))
+    res = run_tune(sim_engine, "snapshot", "--gpu", "0", "--out", str(out))
     assert res.returncode == 0, res.stderr
     snap = json.loads(out.read_text())
     assert snap["server_info"]["internal_states"][0]["effective_max_running_requests_per_dp"] == 16
@@ -90,7 +51,7 @@ def test_snapshot_of_a_live_engine_then_diagnose_it(sim_engine, tmp_path):
     # No GPU on a CI machine and no worker heartbeat: absent, each with its reason.
     assert "gpu" not in snap and "NVML" in snap["unavailable"]["gpu"]
     assert "client" in snap["unavailable"]
-    res = _tune(sim_engine, "diagnose", "--snapshot", str(out), "--json")
+    res = run_tune(sim_engine, "diagnose", "--snapshot", str(out), "--json")
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     # Idle engine: nothing queued and nothing running, so the client is the limit.
