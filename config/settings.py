@@ -100,10 +100,13 @@ class Settings(BaseSettings):
     # Store calls (results, staged inputs) retry this often, backing off up to the cap.
     store_retry_attempts: int = 10
     store_retry_max_s: float = 30.0
-    # How long a batch waits for its engine to come back before handing the batch back.
-    engine_wait_s: float = 900.0
+    # How long a batch waits for its engine to come back before handing the batch back (its
+    # answered prompts kept); meanwhile the worker takes no new batch.
+    engine_wait_s: float = 60.0
     # A prompt in flight at this many engine crashes is quarantined as poison.
     poison_crashes: int = 3
+    # A batch whose pool process died this many times is quarantined instead of requeued.
+    batch_child_deaths: int = 3
 
     # --- delivery ---------------------------------------------------------------------------
     # The lease: a live worker renews its batches every lease_renew_s; a dead one's come back
@@ -111,6 +114,10 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 30
     lease_renew_s: float = 5.0
     sweep_interval_s: float = 5.0
+    # Every fleet Redis call fails after this long on a dead connection (then reconnects).
+    redis_socket_timeout_s: float = 5.0
+    # No lease renewal for this long: the worker stops taking batches until renewals work.
+    lease_watchdog_s: float = 15.0
     task_time_limit_s: int = 6 * 3600
     heartbeat_interval_s: float = 5.0
 

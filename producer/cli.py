@@ -91,7 +91,8 @@ def enqueue(
     reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
                                    "(same prompt, sampling and profile) instead of regenerating"),
 ) -> None:
-    """Stage INPUT in the store and enqueue every batch that is neither done nor pending."""
+    """Stage INPUT in the store and enqueue every batch that is not stored and has no
+    message and no live run (re-run it to resume or repair a job)."""
     from producer import render
     from producer.enqueue import enqueue as enqueue_job
     from producer.readers import read_rows
@@ -241,7 +242,8 @@ def pause(job: str = typer.Option(..., "--job", help="Job name")) -> None:
 @cli.command()
 @friendly_errors
 def resume(job: str = typer.Option(..., "--job", help="Job name")) -> None:
-    """Resume a paused (or cancelled) job: enqueue what is neither done nor pending."""
+    """Resume a paused (or cancelled) job: enqueue every batch that is not stored and has no
+    message and no live run."""
     from producer.control import resume_job
     from workers import app
 

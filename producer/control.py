@@ -3,58 +3,26 @@
 A job's state lives in its Redis hash (``fleet:job:{j}`` field ``state``): ``running``,
 ``paused`` or ``cancelled``. Pausing or cancelling removes the job's queued batches from the
 queues; a batch that slips through (a lease that lapses later) is dropped by the task when it
-sees the state. Paused: running batches finish; ``resume`` re-enqueues what is neither done nor
-pending (the same reconcile as ``enqueue``). Cancelled: running batches stop within about a
-second; what was already stored stays in the store.
+sees the state. Paused: running batches finish; ``resume`` re-enqueues every batch that is not
+stored and has no message and no live run (the same reconcile as ``enqueue``). Cancelled:
+running batches stop within about a second; what was already stored stays in the store.
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
-import orjson
 import redis
 from celery import Celery
 
 from producer.enqueue import EnqueueReport, reconcile
 from workers import jobstate
-from workers.celery_app import SHARED_QUEUE
+from workers.delivery.whereabouts import remove_queued
 from workers.errors import JobError
 from workers.jobs import JobSpec
 from workers.store import Store
 
 STATES = ("running", "paused", "cancelled")
-
-
-def _message_job(raw: bytes) -> str | None:
-    """Job name of a queued kombu message carrying fleet.run_batch, else None."""
-    try:
-        msg = orjson.loads(raw)
-        if msg.get("headers", {}).get("task") != "fleet.run_batch":
-            return None
-        args = orjson.loads(base64.b64decode(msg["body"]))[0]
-        return str(args[0])
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
-        return None
-
-
-def _queue_lists(r: redis.Redis) -> list[bytes]:
-    """The Redis lists that hold batch messages (shared and pinned queues, all priorities)."""
-    names: set[bytes] = set()
-    for pattern in (SHARED_QUEUE, f"{SHARED_QUEUE}[0-9]*"):
-        names.update(r.scan_iter(match=f"{pattern}*", _type="LIST"))
-    return sorted(names)
-
-
-def remove_queued(r: redis.Redis, job: str) -> int:
-    """Remove every queued (not yet delivered) batch message of ``job``; return how many."""
-    removed = 0
-    for name in _queue_lists(r):
-        for raw in r.lrange(name, 0, -1):
-            if _message_job(raw) == job:
-                removed += int(r.lrem(name, 1, raw))
-    return removed
 
 
 def set_state(r: redis.Redis, job: str, state: str) -> None:
@@ -65,19 +33,14 @@ def set_state(r: redis.Redis, job: str, state: str) -> None:
 
 
 def stop_job(r: redis.Redis, job: str, state: str) -> int:
-    """Pause or cancel: set the state, pull queued batches, forget them as pending."""
+    """Pause or cancel: set the state and pull the job's queued batches. Nothing else is
+    remembered: ``resume`` derives what to resend (workers/delivery/whereabouts.py)."""
     set_state(r, job, state)
-    removed = remove_queued(r, job)
-    keys = jobstate.Keys(job)
-    running = {int(b) for b in r.hkeys(keys.running)}
-    queued = [int(b) for b in r.smembers(keys.pending) if int(b) not in running]
-    if queued:
-        r.srem(keys.pending, *queued)
-    return removed
+    return remove_queued(r, job)
 
 
 def resume_job(store: Store, r: redis.Redis, app: Celery, spec: JobSpec) -> EnqueueReport:
-    """Mark the job running again and enqueue what is neither done nor pending."""
+    """Mark the job running again and enqueue what is not stored, queued or held."""
     set_state(r, spec.name, "running")
     report = EnqueueReport(spec=spec, created=False)
     reconcile(store, r, app, spec, report)

@@ -1,9 +1,10 @@
 """Stage a prompt file into the store batch by batch and enqueue what is not done or pending.
 
 Re-running it for the same job is the resume and reconcile command: the store says which
-batches are done (their result objects exist), Redis says which are pending, and only the rest
-is sent. The input is streamed: a batch is compressed and written on a background thread while
-the next one is parsed, and at most a few batches are held in memory.
+batches are done (their result objects exist), the broker and the owner keys say which have a
+message or a live run, and only the rest is sent (workers/delivery/whereabouts.py). The input
+is streamed: a batch is compressed and written on a background thread while the next one is
+parsed, and at most a few batches are held in memory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,22 +23,18 @@ import redis
 from celery import Celery
 
 from workers import jobstate
-from workers.celery_app import SHARED_QUEUE
+from workers.delivery import whereabouts
 from workers.errors import InputError, JobError
 from workers.jobs import (
     JobSpec,
     SamplingSpec,
-    batch_of_result_key,
     compress_rows,
-    decode_rows,
     encode_rows,
     input_key,
     load_spec,
-    result_key,
-    results_prefix,
     save_spec,
 )
-from workers.manifest import row_bucket
+from workers.lease import unacked_key
 from workers.store import Store
 
 
@@ -147,52 +143,14 @@ def stage(store: Store, job: str, rows: Iterable[dict[str, Any]], batch_size: in
     return total, n, digest.hexdigest()
 
 
-def count_stored_rows(pipe: redis.client.Pipeline, job: str, rows: list[dict[str, Any]],
-                      sign: int = 1) -> None:
-    """Add (sign=1) or take back (sign=-1) stored rows in the job's live counters, by the
-    same buckets the workers count them in (quarantined is a subset of failed)."""
-    stats = jobstate.Keys(job).stats
-    buckets = Counter(row_bucket(x) for x in rows)
-    failed = buckets["failed"] + buckets["quarantined"]
-    pipe.hincrby(stats, "completed", sign * (len(rows) - failed))
-    pipe.hincrby(stats, "failed", sign * failed)
-    pipe.hincrby(stats, "quarantined", sign * buckets["quarantined"])
-    pipe.hincrby(stats, "truncated", sign * buckets["truncated"])
-    pipe.hincrby(stats, "output_tokens",
-                 sign * sum(x.get("completion_tokens") or 0 for x in rows))
-
-
-def _count_result(store: Store, job: str, batch: int, r: redis.Redis) -> None:
-    """Add a stored batch's rows to the live counters (Redis lost them)."""
-    keys = jobstate.Keys(job)
-    pipe = r.pipeline()
-    count_stored_rows(pipe, job, decode_rows(store.get(result_key(job, batch))))
-    pipe.sadd(keys.done, batch)
-    pipe.srem(keys.pending, batch)
-    pipe.execute()
-
-
 def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
               report: EnqueueReport) -> None:
-    """Enqueue every batch that is neither stored as done nor pending in Redis."""
-    keys = jobstate.Keys(spec.name)
-    stored = {b for k in store.list(results_prefix(spec.name))
-              if (b := batch_of_result_key(k)) is not None}
-    done = {int(b) for b in r.smembers(keys.done)}
-    pending = {int(b) for b in r.smembers(keys.pending)}
-    with app.producer_or_acquire() as producer:
-        for b in range(spec.n_batches):
-            if b in stored:
-                if b not in done:
-                    _count_result(store, spec.name, b, r)
-                report.already_done += 1
-            elif b in pending:
-                report.already_pending += 1
-            else:
-                r.sadd(keys.pending, b)
-                app.send_task("fleet.run_batch", args=[spec.name, b], queue=SHARED_QUEUE,
-                              producer=producer)
-                report.enqueued += 1
+    """Send every batch that is not stored and has no message and no live holder
+    (workers/delivery/whereabouts.py) and add what it found to ``report``."""
+    found = whereabouts.reconcile(store, r, app, spec, unacked_key(app))
+    report.already_done += found.already_done
+    report.already_pending += found.already_pending
+    report.enqueued += found.enqueued
 
 
 def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,

@@ -15,7 +15,6 @@ import orjson
 import redis
 from celery import Celery
 
-from producer.enqueue import count_stored_rows
 from workers import jobstate
 from workers.celery_app import SHARED_QUEUE
 from workers.jobs import (
@@ -64,10 +63,10 @@ def _reopen(r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
     pipe.delete(keys.progress(batch))
     if keep:
         pipe.hset(keys.progress(batch), mapping={str(x["index"]): orjson.dumps(x) for x in keep})
-    count_stored_rows(pipe, job, redo, sign=-1)
+    # The batch now adds only the rows it keeps; the redone ones count again when recorded.
+    jobstate.set_batch_counts(pipe, job, batch, jobstate.batch_counts(keep))
     pipe.hdel(f"{keys.job}:crashes", *[str(x["index"]) for x in redo])
     pipe.srem(keys.done, batch)
-    pipe.sadd(keys.pending, batch)
     pipe.execute()
 
 

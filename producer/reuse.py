@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import uuid
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import redis
 
 from workers import jobstate
 from workers.batch_runner import sampling_for
+from workers.delivery import ownership, whereabouts
 from workers.errors import JobError
 from workers.jobs import (
     JobSpec,
@@ -37,7 +39,7 @@ from workers.jobs import (
     load_spec,
     result_key,
 )
-from workers.progress import row_kind
+from workers.manifest import row_bucket
 from workers.sink import prefetched, stored_batches
 from workers.store import Store
 
@@ -125,21 +127,28 @@ def _quarantined(spec: JobSpec, batch: int, row: PromptRow, profile: str) -> dic
 
 
 def _prefill(r: redis.Redis, job: str, batch: int, rows: list[dict[str, Any]]) -> None:
-    """Put reused rows into the batch's progress hash; counters move once, series not at all."""
+    """Put reused rows into the batch's progress hash as its owner for a moment (skipped if a
+    run owns the batch); counters move once, series not at all."""
     keys = jobstate.Keys(job)
+    token = f"{REUSE_NODE}|{uuid.uuid4().hex}"
+    if not r.set(keys.owner(batch), token, nx=True, px=60_000):
+        return
     scratch = [f"{keys.job}:reuse:scratch:{n}" for n in range(3)]
-    args = jobstate.record_args(batch, REUSE_NODE, [
-        (x["index"], orjson.dumps(x), row_kind(x), x["completion_tokens"]) for x in rows])
+    args = jobstate.record_args(batch, REUSE_NODE, token, [
+        (x["index"], orjson.dumps(x), row_bucket(x), x["completion_tokens"]) for x in rows])
     r.register_script(jobstate.RECORD_ROWS)(
-        keys=[keys.progress(batch), keys.stats, keys.done, *scratch], args=args)
+        keys=[keys.progress(batch), keys.stats, keys.done, *scratch, keys.owner(batch),
+              keys.bstats], args=args)
     r.delete(*scratch)
+    r.eval(ownership.RELEASE, 1, keys.owner(batch), token)
 
 
 def _open_batches(store: Store, r: redis.Redis, spec: JobSpec) -> set[int]:
-    """Batches of the new job that are neither stored nor pending: the ones reuse may fill."""
-    keys = jobstate.Keys(spec.name)
-    busy = set(stored_batches(store, spec.name)) | {int(b) for b in r.smembers(keys.pending)}
-    return set(range(spec.n_batches)) - busy
+    """Batches of the new job that are not stored and have no message and no live run: the
+    ones reuse may fill."""
+    where = whereabouts.locate(store, r, spec.name)
+    return {b for b in range(spec.n_batches)
+            if b not in where.stored and not where.has_message_or_holder(b)}
 
 
 def apply_reuse(store: Store, r: redis.Redis, spec: JobSpec, source: str,

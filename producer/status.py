@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from workers import jobstate
+from workers.delivery.ownership import live_holders
 from workers.heartbeat import read_heartbeats
 from workers.jobs import JobSpec
 
@@ -35,12 +36,10 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
     """One JSON-able object with the job's progress (keys are a contract for scripts)."""
     keys = jobstate.Keys(spec.name)
     pipe = r.pipeline()
-    pipe.hget(keys.job, "started_at")
-    pipe.scard(keys.pending)
-    pipe.hlen(keys.running)
+    pipe.hmget(keys.job, ["started_at", "state"])
     pipe.scard(keys.done)
-    pipe.hget(keys.stats, "quarantined")  # a subset of failed (workers/progress.py)
-    started_raw, pending, running, done_batches, quarantined = pipe.execute()
+    (started_raw, state), done_batches = pipe.execute()
+    running = len(live_holders(r, spec.name))
     c = jobstate.counters(r, spec.name)
     started_at = float(started_raw or time.time())
     rate, tok_rate = _rates(r, keys, started_at)
@@ -51,8 +50,11 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
     return {
         "job": spec.name, "total": spec.total, "completed": c["completed"],
         "failed": c["failed"], "truncated": c["truncated"],
-        "quarantined": int(quarantined or 0), "remaining": remaining,
-        "in_flight_batches": running, "queued_batches": max(pending - running, 0),
+        "quarantined": c["quarantined"], "remaining": remaining,
+        "state": (state or b"running").decode(),
+        # Held by a live run; the rest of the unfinished batches wait (queued, or paused).
+        "in_flight_batches": running,
+        "queued_batches": max(spec.n_batches - done_batches - running, 0),
         "done_batches": done_batches, "n_batches": spec.n_batches,
         "output_tokens": c["output_tokens"],
         "rate_per_sec": round(rate, 3), "tokens_per_sec": round(tok_rate, 1),

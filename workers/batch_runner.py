@@ -26,7 +26,9 @@ import orjson
 from redis.exceptions import RedisError
 
 from workers import jobstate, sink
+from workers.aio import cancel_and_wait
 from workers.crashes import CrashTracker
+from workers.delivery.ownership import LostOwnership, Ownership
 from workers.engine_client import Completion, EngineClient, Sampling
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
 from workers.gpu_share import GpuShare
@@ -42,12 +44,21 @@ SHARE_INTERVAL_S = 0.1  # well inside the time the engine's queue (the headroom)
 T = TypeVar("T")
 
 
-class EngineDown(EngineError):
-    """The engine did not come back within the wait: the batch goes back to the queue."""
+class HandBack(EngineError):
+    """The batch goes back to the queue with its answered prompts kept (the worker stops)."""
+
+
+class EngineDown(HandBack):
+    """The engine did not come back within the wait: another GPU can take the batch."""
 
 
 class JobStopped(EngineError):
     """The job was cancelled while this batch ran: stop sending, keep what is recorded."""
+
+
+def handback_key(node: str) -> str:
+    """Set by a worker that is shutting down: its batches hand themselves back."""
+    return f"fleet:node:{node}:handback"
 
 
 async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
@@ -56,9 +67,7 @@ async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         raise
 
 
@@ -77,11 +86,12 @@ def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
 class BatchRunner:
     """Drives one batch through the engine."""
 
-    def __init__(self, env: BatchEnv, spec: JobSpec, batch: int, rows: list[PromptRow]) -> None:
+    def __init__(self, env: BatchEnv, spec: JobSpec, batch: int, rows: list[PromptRow],
+                 owner: Ownership) -> None:
         s = env.settings
-        self.env, self.spec, self.batch, self.rows = env, spec, batch, rows
+        self.env, self.spec, self.batch, self.rows, self.owner = env, spec, batch, rows, owner
         self.policy = RetryPolicy(s.retry_max_attempts, s.retry_base_s, s.retry_max_s)
-        self.recorder = ProgressRecorder(env, spec.name, batch)
+        self.recorder = ProgressRecorder(env, spec.name, batch, owner.token)
         self.crashes = CrashTracker(env.redis, spec.name, env.me.node, s.poison_crashes)
         self.client = EngineClient(f"http://{s.engine_host}:{env.me.port}",
                                    s.request_timeout_s, 1024)
@@ -111,7 +121,10 @@ class BatchRunner:
             await asyncio.sleep(1.0)
         restarts = await self.crashes.crash_restarts()
         crashed, self._crash_restarts = restarts > self._crash_restarts, restarts
-        if crashed and (self._blame_all or len(suspects) == 1):
+        # A lone suspect is blamed only if it ran alone on the engine: with another batch's
+        # requests in flight the crash may be theirs.
+        alone = len(suspects) == 1 and self.share.others_in_flight == 0
+        if crashed and (self._blame_all or alone):
             await self.crashes.add(suspects)
         if self.budget:
             # The engine may be back with another cap (a relaunch with a new profile).
@@ -197,29 +210,52 @@ class BatchRunner:
         return keep
 
     async def _isolate(self, suspects: list[PromptRow]) -> None:
-        """Bisect suspects: send a group; if the engine crashes again, split what is left."""
+        """Bisect suspects: send a group; if the engine crashes again, split what is left.
+        Each group runs with the engine to itself (the GPU's other batches wait), so a crash
+        is blamed on this batch's prompts only when they caused it."""
         self._blame_all = False
         groups = [suspects] if suspects else []
-        while groups:
-            group = await self._quarantine_poisoned(groups.pop())
-            if not group:
-                continue
-            left = await self._send(group, Limiter(len(group)))
-            await self.recorder.flush()
-            if len(left) > 1:
-                groups += [left[len(left) // 2:], left[: len(left) // 2]]
-            elif left:
-                groups.append(left)
+        self.share.exclusive = bool(groups)
+        try:
+            while groups:
+                group = await self._quarantine_poisoned(groups.pop())
+                if not group:
+                    continue
+                await self._wait_alone()
+                left = await self._send(group, Limiter(len(group)))
+                await self.recorder.flush()
+                if len(left) > 1:
+                    groups += [left[len(left) // 2:], left[: len(left) // 2]]
+                elif left:
+                    groups.append(left)
+        finally:
+            self.share.exclusive = False
+
+    async def _wait_alone(self) -> None:
+        """Until the GPU's other batches have nothing in flight and none isolates before us."""
+        while True:
+            try:
+                mine = await self.share.exchange(self.remaining, len(self.in_flight), 1)
+            except (RedisError, OSError):
+                return  # no exchange: isolate anyway (blame stays conservative)
+            if mine and self.share.others_in_flight == 0:
+                return
+            await asyncio.sleep(SHARE_INTERVAL_S)
 
     async def _pending_rows(self) -> list[PromptRow]:
         keys = jobstate.Keys(self.spec.name)
         have = set(await self.env.redis.hkeys(keys.progress(self.batch)))
+        deaths = int(await self.env.redis.hget(keys.child_deaths, self.batch) or 0)
+        limit = self.env.settings.batch_child_deaths
         todo = []
         for row in self.rows:
             if str(row.index).encode() in have:
                 continue
             if row.error:
                 self._record(row, None, row.error)
+            elif deaths >= limit:
+                self._record(row, None, f"poison batch: the worker process running it died "
+                                        f"{deaths} times (killed or crashed); quarantined")
             else:
                 todo.append(row)
         await self.recorder.flush()
@@ -235,12 +271,23 @@ class BatchRunner:
         flusher = asyncio.ensure_future(self.recorder.run_flusher())
         sharer = asyncio.ensure_future(self._share_gpu())
         try:
-            await self._until_cancelled(self._phases(fresh, suspects))
+            await self._until_stopped(self._phases(fresh, suspects))
         finally:
-            flusher.cancel()
-            sharer.cancel()
-            await self.recorder.flush()
+            background = [t for t in (flusher, sharer, self._engine_wait) if t is not None]
+            await cancel_and_wait(*background)
+            await self._final_flush()
             await self.share.leave()
+
+    async def _final_flush(self) -> None:
+        """Write what is buffered, retrying a failing Redis for up to the lease."""
+        deadline = time.monotonic() + self.env.settings.visibility_timeout_s
+        while True:
+            try:
+                return await self.recorder.flush()
+            except (RedisError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
 
     async def _take_share(self) -> None:
         """Publish this batch's claim on the GPU's budget and set the limit to its share."""
@@ -264,23 +311,40 @@ class BatchRunner:
             suspects += await self._send(fresh, self.limiter)
         await self._isolate(suspects)
 
-    async def _until_cancelled(self, work: Awaitable[None]) -> None:
-        """Run ``work`` but stop it within a second once the job is cancelled."""
-        job_key = jobstate.Keys(self.spec.name).job
+    async def _until_stopped(self, work: Awaitable[None]) -> None:
+        """Run ``work`` but stop it within about a second once the job is cancelled, another
+        run owns the batch, or the worker hands its batches back."""
         task = asyncio.ensure_future(work)
         while not task.done():
             await asyncio.wait({task}, timeout=1.0)
-            if not task.done() and await self.env.redis.hget(job_key, "state") == b"cancelled":
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                raise JobStopped(f"job {self.spec.name} cancelled")
+            if task.done():
+                break
+            stop = self.owner.lost() or await self._stop_reason()
+            if stop is not None:
+                await cancel_and_wait(task)
+                raise stop
         task.result()
+
+    async def _stop_reason(self) -> Exception | None:
+        """Why this run must stop now, if it must (a failing Redis is not a reason here: the
+        claim's keeper bounds how long the run goes on without Redis)."""
+        try:
+            state, handback = await asyncio.gather(
+                self.env.redis.hget(jobstate.Keys(self.spec.name).job, "state"),
+                self.env.redis.exists(handback_key(self.env.me.node)))
+        except (RedisError, OSError):
+            return None
+        if state == b"cancelled":
+            return JobStopped(f"job {self.spec.name} cancelled")
+        if handback:
+            return HandBack(f"worker {self.env.me.node} is stopping: batch {self.batch} "
+                            "handed back with its answered prompts kept")
+        return None
 
     async def run(self) -> dict[str, Any]:
         """Generate every missing row, then write the batch's results; returns a summary."""
         t0 = time.monotonic()
         keys = jobstate.Keys(self.spec.name)
-        await self.env.redis.hset(keys.running, self.batch, self.env.me.node)
         try:
             # Rows lost from Redis mid-batch (a restart) show up as missing again: run them too.
             for _ in range(3):
@@ -291,11 +355,17 @@ class BatchRunner:
         finally:
             await self.client.aclose()
         rows = await self._collect()
+        if (lost := self.owner.lost()) is not None:
+            raise lost
+        if not await self.owner.still_owned():
+            raise LostOwnership(f"batch {self.spec.name}/{self.batch} is owned by another run")
         await self._write_results(rows)
-        await self.env.redis.register_script(jobstate.FINISH_BATCH)(
-            keys=[keys.done, keys.pending, keys.running, keys.progress(self.batch)],
-            args=[self.batch],
-        )
+        finished = await self.env.redis.eval(
+            jobstate.FINISH_BATCH, 3, keys.done, keys.progress(self.batch),
+            keys.owner(self.batch), self.batch, self.owner.token)
+        if not finished:
+            raise LostOwnership(f"batch {self.spec.name}/{self.batch} was taken over while its "
+                                "result was written (the new owner writes it again)")
         await sink.trigger_when_done(self.env.redis, self.spec, self.env.settings)
         return self._summary(rows, time.monotonic() - t0)
 

@@ -11,7 +11,8 @@ Why these settings (facts/celery.md):
   first (``queue_order_strategy=priority``), so work flows to whichever GPU is free and a dead
   GPU strands nothing, while ``gpuN`` still lets a batch be pinned.
 - the lease: ``visibility_timeout`` is short (30 s) because live workers renew it
-  (workers/lease.py); the sweep runs every ``sweep_interval_s``.
+  (workers/lease.py); the sweep runs every ``sweep_interval_s``, and its mutex expires soon
+  after, so a worker that dies mid-sweep does not stop the others' sweeps for minutes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def celery_config(s: Settings) -> dict[str, object]:
         "queue_order_strategy": "priority",
         "unacked_restore_interval": s.sweep_interval_s,
         "unacked_restore_throttle": 1,
+        # The sweep's mutex (kombu.transport.redis.QoS.restore_visible) outlives a worker that
+        # dies holding it by this long: kombu's 300 s would stop every sweep for 5 minutes.
+        "unacked_mutex_expire": max(int(s.sweep_interval_s * 2), 10),
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         "socket_keepalive": True,

@@ -37,11 +37,19 @@ class Claim:
     claim: int
     in_flight: int
     at: float
+    # Isolating suspects of a crash: the batch needs the engine to itself.
+    exclusive: bool = False
+
+    @property
+    def rank(self) -> tuple[float, str]:
+        """Older batches come first."""
+        return (self.started, self.tag)
 
     def encode(self) -> bytes:
         """The hash field's value."""
         return orjson.dumps({"started": self.started, "claim": self.claim,
-                             "in_flight": self.in_flight, "at": self.at})
+                             "in_flight": self.in_flight, "at": self.at,
+                             "exclusive": self.exclusive})
 
     @classmethod
     def decode(cls, tag: str, raw: bytes) -> Claim | None:
@@ -49,7 +57,7 @@ class Claim:
         try:
             d = orjson.loads(raw)
             return cls(tag, float(d["started"]), int(d["claim"]), int(d["in_flight"]),
-                       float(d["at"]))
+                       float(d["at"]), bool(d.get("exclusive", False)))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
 
@@ -60,12 +68,27 @@ def decode_all(raw: dict[bytes, bytes]) -> list[Claim]:
     return [c for c in claims if c is not None]
 
 
+def _others(mine: Claim, claims: Iterable[Claim], now: float) -> list[Claim]:
+    return [c for c in claims if c.tag != mine.tag and now - c.at <= STALE_S]
+
+
 def allowed(mine: Claim, claims: Iterable[Claim], budget: int, now: float) -> int:
-    """Requests this batch may have in flight: the budget less what older live batches claim."""
-    older = sum(min(c.claim, budget) for c in claims
-                if c.tag != mine.tag and now - c.at <= STALE_S
-                and (c.started, c.tag) < (mine.started, mine.tag))
+    """Requests this batch may have in flight: the budget less what older live batches claim.
+    While a batch isolates crash suspects (exclusive) the others get nothing; of two exclusive
+    batches the older goes first."""
+    others = _others(mine, claims, now)
+    exclusive = [c.rank for c in others if c.exclusive]
+    if exclusive and not (mine.exclusive and mine.rank < min(exclusive)):
+        return 0
+    if mine.exclusive:
+        return budget
+    older = sum(min(c.claim, budget) for c in others if c.rank < mine.rank)
     return max(budget - older, 0)
+
+
+def others_in_flight(mine: Claim, claims: Iterable[Claim], now: float) -> int:
+    """Requests the other live batches on the GPU have in flight."""
+    return sum(c.in_flight for c in _others(mine, claims, now))
 
 
 def in_flight_total(raw: dict[bytes, bytes], now: float) -> int:
@@ -80,17 +103,22 @@ class GpuShare:
         self.redis, self.tag = redis, tag
         self.key = jobstate.in_flight_key(node)
         self.started = time.time()
+        self.exclusive = False
+        # Requests the GPU's other batches had in flight at the last exchange.
+        self.others_in_flight = 0
 
     async def exchange(self, claim: int, in_flight: int, budget: int) -> int:
         """Publish this batch's claim and return how many requests it may have in flight."""
         now = time.time()
-        mine = Claim(self.tag, self.started, claim, in_flight, now)
+        mine = Claim(self.tag, self.started, claim, in_flight, now, self.exclusive)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(self.key, self.tag, mine.encode())
             pipe.expire(self.key, KEY_TTL_S)
             pipe.hgetall(self.key)
             *_, raw = await pipe.execute()
-        return allowed(mine, decode_all(raw), budget, now)
+        claims = decode_all(raw)
+        self.others_in_flight = others_in_flight(mine, claims, now)
+        return allowed(mine, claims, budget, now)
 
     async def leave(self) -> None:
         """Drop this batch's claim (it is done, handed back or cancelled)."""

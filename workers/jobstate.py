@@ -1,17 +1,20 @@
 """Live job state in Redis: pending/running/done batches, progress inside a batch, counters.
 
 Redis holds only what can be rebuilt: the store has the job record, the staged inputs and the
-results. Counters are bumped in the same Lua call that records a row, and only the first time a
-row is recorded, so a redelivered batch never counts a prompt twice.
+results. Counters are bumped in the same Lua call that records a row, only the first time a row
+is recorded and only from the batch's current owner, so a redelivered batch never counts a
+prompt twice. There is no "pending" mark: where a batch is (queued, held, done) is derived
+from the broker and the owner keys when it matters (workers/delivery/whereabouts.py).
 
 Keys (``{j}`` = job name)::
 
     fleet:jobs                    set of job names
     fleet:job:{j}                 hash: spec (JSON), started_at
-    fleet:job:{j}:pending         set of batches enqueued and not finished
-    fleet:job:{j}:running         hash batch -> worker node
-    fleet:job:{j}:done            set of finished batches
-    fleet:job:{j}:stats           hash: completed, failed, truncated, output_tokens
+    fleet:job:{j}:owner:{b}       the fencing token of the run that owns batch b (expires)
+    fleet:job:{j}:done            set of batches whose results were stored (a cache of the store)
+    fleet:job:{j}:stats           hash: completed, failed, quarantined, truncated, output_tokens
+    fleet:job:{j}:bstats          hash "b|field" -> what batch b adds to stats
+    fleet:job:{j}:child_deaths    hash batch -> pool processes that died running it
     fleet:job:{j}:prog:{b}        hash row index -> result row (JSON), progress of batch b
     fleet:job:{j}:series:n|:tok   hash 10-s bucket (and bucket|node) -> rows / output tokens
     fleet:node:{node}             hash: rows, output_tokens over the worker's life (all jobs)
@@ -27,21 +30,37 @@ import redis
 
 SERIES_BUCKET_S = 10
 
-RECORD_ROWS = """
+# Per-batch counters ("{batch}|{field}" in the job's bstats hash) mirror what each batch adds to
+# the job's stats, so a batch's contribution can be replaced exactly (SET_BATCH_COUNTS) when the
+# store says otherwise: the counters stay equal to what the store holds plus the open batches.
+COUNT_FIELDS = ("completed", "failed", "quarantined", "truncated", "output_tokens")
+
+_BUMP = """
+local function bump(field, n)
+  redis.call('HINCRBY', KEYS[2], field, n)
+  redis.call('HINCRBY', KEYS[8], ARGV[1] .. '|' .. field, n)
+end
+"""
+
+# Records rows of a batch, only from the batch's current owner (its fencing token): -1 when
+# the caller no longer owns the batch. Each row is counted the first time it is recorded.
+RECORD_ROWS = _BUMP + """
+if redis.call('GET', KEYS[7]) ~= ARGV[4] then return -1 end
 local is_done = redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1
 local counted = 0
-for i = 4, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 and not is_done then
     counted = counted + 1
     local kind = ARGV[i + 2]
     local tok = tonumber(ARGV[i + 3])
-    if kind == 'failed' then
-      redis.call('HINCRBY', KEYS[2], 'failed', 1)
+    if kind == 'failed' or kind == 'quarantined' then
+      bump('failed', 1)
+      if kind == 'quarantined' then bump('quarantined', 1) end
     else
-      redis.call('HINCRBY', KEYS[2], 'completed', 1)
-      if kind == 'truncated' then redis.call('HINCRBY', KEYS[2], 'truncated', 1) end
+      bump('completed', 1)
+      if kind == 'truncated' then bump('truncated', 1) end
     end
-    redis.call('HINCRBY', KEYS[2], 'output_tokens', tok)
+    bump('output_tokens', tok)
     redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
     redis.call('HINCRBY', KEYS[4], ARGV[2] .. '|' .. ARGV[3], 1)
     redis.call('HINCRBY', KEYS[5], ARGV[2], tok)
@@ -53,14 +72,27 @@ end
 return counted
 """
 
+# The owner's last step, after its results are in the store: 0 if it no longer owns the batch.
+# KEYS: done, progress, owner; ARGV: batch, token.
 FINISH_BATCH = """
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
 redis.call('SADD', KEYS[1], ARGV[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[3])
 return 1
 """
 
+# Replace a batch's contribution to the job's counters by ARGV's (field, value) pairs.
+SET_BATCH_COUNTS = """
+for i = 2, #ARGV, 2 do
+  local f = ARGV[1] .. '|' .. ARGV[i]
+  local new = tonumber(ARGV[i + 1])
+  local old = tonumber(redis.call('HGET', KEYS[2], f) or '0')
+  if new ~= old then redis.call('HINCRBY', KEYS[1], ARGV[i], new - old) end
+  if new == 0 then redis.call('HDEL', KEYS[2], f) else redis.call('HSET', KEYS[2], f, new) end
+end
+return 1
+"""
 
 class Keys:
     """Redis key names of one job."""
@@ -68,10 +100,10 @@ class Keys:
     def __init__(self, job: str) -> None:
         base = f"fleet:job:{job}"
         self.job = base
-        self.pending = f"{base}:pending"
-        self.running = f"{base}:running"
         self.done = f"{base}:done"
         self.stats = f"{base}:stats"
+        self.bstats = f"{base}:bstats"
+        self.child_deaths = f"{base}:child_deaths"
         self.series_n = f"{base}:series:n"
         self.series_tok = f"{base}:series:tok"
         self._base = base
@@ -79,6 +111,10 @@ class Keys:
     def progress(self, batch: int) -> str:
         """Key of the progress hash of one batch."""
         return f"{self._base}:prog:{batch}"
+
+    def owner(self, batch: int) -> str:
+        """Key of the batch's ownership token (workers/delivery/ownership.py)."""
+        return f"{self._base}:owner:{batch}"
 
 
 JOBS_KEY = "fleet:jobs"
@@ -89,9 +125,11 @@ def bucket(now: float | None = None) -> int:
     return int((now if now is not None else time.time()) // SERIES_BUCKET_S) * SERIES_BUCKET_S
 
 
-def record_args(batch: int, node: str, rows: list[tuple[int, bytes, str, int]]) -> list[Any]:
-    """ARGV for RECORD_ROWS: batch, bucket, node, then (index, row, kind, tokens) per row."""
-    argv: list[Any] = [batch, bucket(), node]
+def record_args(batch: int, node: str, token: str,
+                rows: list[tuple[int, bytes, str, int]]) -> list[Any]:
+    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, then (index, row, kind,
+    tokens) per row."""
+    argv: list[Any] = [batch, bucket(), node, token]
     for index, row, kind, tokens in rows:
         argv += [index, row, kind, tokens]
     return argv
@@ -107,11 +145,37 @@ def register_job(r: redis.Redis, job: str, spec_json: str) -> None:
     pipe.execute()
 
 
+def batch_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """What stored rows add to the job's counters (quarantined rows count as failed too)."""
+    from workers.manifest import row_bucket  # pyarrow: kept off the status command's imports
+
+    out = dict.fromkeys(COUNT_FIELDS, 0)
+    for row in rows:
+        kind = row_bucket(row)
+        if kind in ("failed", "quarantined"):
+            out["failed"] += 1
+            out["quarantined"] += kind == "quarantined"
+        else:
+            out["completed"] += 1
+            out["truncated"] += kind == "truncated"
+        out["output_tokens"] += int(row.get("completion_tokens") or 0)
+    return out
+
+
+def set_batch_counts(r: redis.Redis | redis.client.Pipeline, job: str, batch: int,
+                     counts: dict[str, int]) -> None:
+    """Make ``batch``'s contribution to the job's counters exactly ``counts``."""
+    keys = Keys(job)
+    args: list[Any] = [batch]
+    for field in COUNT_FIELDS:
+        args += [field, int(counts.get(field, 0))]
+    r.eval(SET_BATCH_COUNTS, 2, keys.stats, keys.bstats, *args)
+
+
 def counters(r: redis.Redis, job: str) -> dict[str, int]:
     """The job's live counters as integers (missing ones are 0)."""
     raw = r.hgetall(Keys(job).stats)
-    names = ("completed", "failed", "truncated", "output_tokens")
-    return {n: int(raw.get(n.encode(), 0)) for n in names}
+    return {n: int(raw.get(n.encode(), 0)) for n in COUNT_FIELDS}
 
 
 def node_stats_key(node: str) -> str:

@@ -1,11 +1,23 @@
 """Renew the Redis visibility lease of the batches this worker holds.
 
 kombu's Redis transport emulates acks with a sorted set (``unacked_index``) scored by delivery
-time; any worker's sweep requeues entries older than ``visibility_timeout``. A fixed timeout
-cannot both recover a dead worker's batch quickly and never re-run a live, slow one
-(design-notes §2). So the timeout is short and the main process of a live worker moves the
-score of each batch it holds to "now" every few seconds. If the worker dies (even SIGKILL),
-renewal stops and the batch is swept back within ``visibility_timeout + sweep interval``.
+time and a hash (``unacked``) of the delivered messages (``kombu.transport.redis.QoS.append``,
+kombu 5.7); any worker's sweep (``QoS.restore_visible``) requeues entries older than
+``visibility_timeout``. A fixed timeout cannot both recover a dead worker's batch quickly and
+never re-run a live, slow one, so the timeout is short and the main process of a live worker
+moves the score of each message it holds to "now" every few seconds. If the worker dies (even
+SIGKILL), renewal stops and the batch is swept back within ``visibility_timeout`` plus one sweep.
+
+Rules that keep two runs of one batch apart (with workers/delivery/ownership.py):
+
+- scores are Redis's own clock (``TIME`` inside the script), never a host's;
+- a redelivered message keeps its delivery tag, so a worker holding a stale copy must not keep
+  the new holder's entry alive for long: only deliveries whose batch this worker's pool owns
+  are renewed unconditionally (and their entry written back if another copy's ack removed
+  it); any other held tag is only refreshed while its entry exists (``XX``), which lasts until
+  the stale run notices it lost the batch (one ownership renewal period);
+- a watchdog: when no renewal has succeeded for ``lease_watchdog_s`` the worker stops taking
+  new batches (workers/delivery/gate.py) until renewals work again.
 """
 
 from __future__ import annotations
@@ -13,51 +25,133 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 from celery.worker import state as worker_state
+from kombu.utils.json import dumps
+
+from workers import jobstate
+from workers.delivery.gate import ConsumerGate
 
 log = logging.getLogger(__name__)
 
+BATCH_TASK = "fleet.run_batch"
 
-def held_delivery_tags() -> list[str]:
-    """Delivery tags of every message this worker has reserved (running or about to)."""
+# KEYS: unacked_index, unacked; ARGV: owner-token prefix of this worker's pool, then
+# (tag, owner key or '', kombu's unacked value) per held delivery.
+RENEW_LEASES = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local n = 0
+for i = 2, #ARGV, 3 do
+  local tag, okey = ARGV[i], ARGV[i + 1]
+  local owner = false
+  if okey ~= '' then owner = redis.call('GET', okey) end
+  if owner and string.sub(owner, 1, #ARGV[1]) == ARGV[1] then
+    if redis.call('HEXISTS', KEYS[2], tag) == 0 then
+      redis.call('HSET', KEYS[2], tag, ARGV[i + 2])
+    end
+    redis.call('ZADD', KEYS[1], now, tag)
+    n = n + 1
+  else
+    n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', now, tag)
+  end
+end
+return n
+"""
+
+
+@dataclass(frozen=True)
+class Held:
+    """One message this worker has reserved: its tag, its batch's owner key, kombu's record."""
+
+    tag: str
+    owner_key: str
+    unacked_value: str
+
+
+def _requests() -> list[Any]:
     for _ in range(5):
         try:
-            requests = list(worker_state.requests.values())
-            break
+            return list(worker_state.requests.values())
         except RuntimeError:  # the dict changed while we copied it; try again
             continue
-    else:
-        return []
-    # Request.delivery_info drops the tag; the kombu message keeps it.
-    tags = [getattr(r.message, "delivery_tag", None) for r in requests]
-    return [t for t in tags if t]
+    return []
 
 
-def renew(client: redis.Redis, index_key: str, tags: list[str], now: float) -> int:
-    """Move the lease of each still-unacked tag to ``now`` (XX: never re-adds an acked one)."""
-    if not tags:
+def held_deliveries() -> list[Held]:
+    """Every message this worker has reserved (running or about to)."""
+    out = []
+    for req in _requests():
+        # Request.delivery_info drops the tag; the kombu message keeps it.
+        msg = req.message
+        tag = getattr(msg, "delivery_tag", None)
+        if not tag:
+            continue
+        owner_key = ""
+        if req.name == BATCH_TASK:
+            try:
+                owner_key = jobstate.Keys(str(req.args[0])).owner(int(req.args[1]))
+            except (TypeError, IndexError, ValueError):
+                owner_key = ""
+        info = msg.delivery_info or {}
+        value = dumps([getattr(msg, "_raw", None), info.get("exchange"), info.get("routing_key")])
+        out.append(Held(str(tag), owner_key, value))
+    return out
+
+
+def held_delivery_tags() -> list[str]:
+    """Delivery tags of every message this worker has reserved."""
+    return [h.tag for h in held_deliveries()]
+
+
+def renew(client: redis.Redis, index_key: str, unacked_key: str, prefix: str,
+          held: list[Held]) -> int:
+    """Move the lease of each held delivery to Redis's now (see the module docstring)."""
+    if not held:
         return 0
-    return int(client.zadd(index_key, {t: now for t in tags}, xx=True, ch=True) or 0)
+    args: list[str] = [prefix]
+    for h in held:
+        args += [h.tag, h.owner_key, h.unacked_value]
+    return int(client.eval(RENEW_LEASES, 2, index_key, unacked_key, *args) or 0)
 
 
 class LeaseKeeper(threading.Thread):
     """Background thread that renews this worker's leases every ``interval_s``."""
 
-    def __init__(self, client: redis.Redis, index_key: str, interval_s: float) -> None:
+    def __init__(self, client: redis.Redis, index_key: str, interval_s: float, *,
+                 unacked_key: str = "unacked", owner_prefix: str = "",
+                 gate: ConsumerGate | None = None, watchdog_s: float | None = None) -> None:
         super().__init__(name="fleet-lease", daemon=True)
         self._client, self._key, self._interval = client, index_key, interval_s
+        self._unacked, self._prefix = unacked_key, owner_prefix
+        self._gate, self._watchdog_s = gate, watchdog_s
         self._stop_event = threading.Event()
+        self.last_ok = time.monotonic()
 
     def run(self) -> None:
-        """Renew until stopped; a Redis error is logged and retried next round."""
+        """Renew until stopped; nothing (a Redis error included) ends the thread."""
         while not self._stop_event.wait(self._interval):
             try:
-                renew(self._client, self._key, held_delivery_tags(), time.time())
-            except redis.RedisError as exc:
+                renew(self._client, self._key, self._unacked, self._prefix, held_deliveries())
+                self.last_ok = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - the lease must outlive any one failure
                 log.warning("lease renewal failed: %s", exc)
+            self._watch()
+
+    def _watch(self) -> None:
+        if self._gate is None or self._watchdog_s is None:
+            return
+        silent = time.monotonic() - self.last_ok
+        if silent > self._watchdog_s:
+            if not self._gate.is_closed("lease"):
+                log.error("no lease renewal for %.0f s: taking no new batch until Redis answers",
+                          silent)
+            self._gate.close("lease")
+        else:
+            self._gate.open("lease")
 
     def stop(self) -> None:
         """Stop renewing."""
@@ -68,3 +162,9 @@ def index_key(app: Any) -> str:
     """Name of kombu's unacked index for ``app``'s broker (``unacked_index`` by default)."""
     opts = app.conf.broker_transport_options or {}
     return str(opts.get("unacked_index_key", "unacked_index"))
+
+
+def unacked_key(app: Any) -> str:
+    """Name of kombu's hash of delivered, unacknowledged messages (``unacked`` by default)."""
+    opts = app.conf.broker_transport_options or {}
+    return str(opts.get("unacked_key", "unacked"))

@@ -1,8 +1,11 @@
 """What a GPU worker's main process runs beside Celery: its engine, a monitor, its heartbeat.
 
-Stop order (warm shutdown): Celery stops consuming and waits for running batches; then
-``worker_shutdown`` calls :meth:`WorkerRuntime.stop`, which stops renewing leases, stops the
-monitor, terminates the engine's process group and deletes the heartbeat. After a SIGKILL of
+Stop order (warm shutdown): Celery stops consuming; ``worker_shutting_down`` asks the running
+batches to hand themselves back (answered prompts kept), so the pool drains in seconds rather
+than after a whole batch; then ``worker_shutdown`` calls :meth:`WorkerRuntime.stop`, which stops
+renewing leases, stops the monitor, terminates the engine's process group and deletes the
+heartbeat. While the engine is unhealthy or restarting, or leases cannot be renewed, the
+worker takes no new batch (workers/delivery/gate.py). After a SIGKILL of
 the worker none of this runs: the engine guard's parent-death signal takes the engine down,
 the heartbeat key expires and the leases lapse.
 """
@@ -10,6 +13,7 @@ the heartbeat key expires and the leases lapse.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -20,7 +24,10 @@ from celery.worker import state as worker_state
 from config.launch_profile import LaunchProfile, load_profile
 from config.settings import Settings
 from workers import gpu_share, heartbeat, jobstate
+from workers.batch_runner import handback_key
 from workers.context import WorkerIdentity
+from workers.delivery.gate import ConsumerGate
+from workers.delivery.ownership import worker_prefix
 from workers.engine import Engine, EngineSpec
 from workers.errors import EngineStartFailed
 from workers.gauges import WorkerWatch
@@ -33,13 +40,16 @@ log = logging.getLogger(__name__)
 
 # A relaunch profile that fails to start this many times is replaced by the last good one.
 PROFILE_START_ATTEMPTS = 2
+# The hand-back request outlives any warm shutdown (batches check it every second).
+HANDBACK_TTL_S = 600
 
 
 class WorkerRuntime:
     """Owns one engine and keeps it healthy while the worker lives."""
 
     def __init__(self, settings: Settings, me: WorkerIdentity, redis_client: redis.Redis,
-                 lease_index_key: str) -> None:
+                 lease_index_key: str, gate: ConsumerGate | None = None,
+                 unacked_key: str = "unacked") -> None:
         self.settings, self.me, self.redis = settings, me, redis_client
         profile = load_profile(settings.profile)
         self.engine = Engine(EngineSpec(
@@ -47,7 +57,11 @@ class WorkerRuntime:
             port=me.port, log_path=settings.log_dir / f"engine-gpu{me.gpu}.log",
             stop_grace_s=settings.engine_stop_grace_s, cuda_device=settings.cuda_device,
         ))
-        self.lease = LeaseKeeper(redis_client, lease_index_key, settings.lease_renew_s)
+        self.gate = gate or ConsumerGate(None, None)
+        self.lease = LeaseKeeper(redis_client, lease_index_key, settings.lease_renew_s,
+                                 unacked_key=unacked_key,
+                                 owner_prefix=worker_prefix(me.node, os.getpid()),
+                                 gate=self.gate, watchdog_s=settings.lease_watchdog_s)
         self._stop = threading.Event()
         self._relaunch: LaunchProfile | None = None
         self._monitor = threading.Thread(target=self._watch, name="fleet-engine", daemon=True)
@@ -66,6 +80,7 @@ class WorkerRuntime:
 
     def start(self) -> None:
         """Start the engine and wait until it is healthy, then start the background threads."""
+        self.redis.delete(handback_key(self.me.node))  # left by this node's last shutdown
         self.lease.start()
         self.engine.start()
         self.watch.start()
@@ -90,6 +105,14 @@ class WorkerRuntime:
         except redis.RedisError:
             pass
 
+    def hand_back(self) -> None:
+        """Warm shutdown: the running batches stop sending and go back to the queue with
+        their answered prompts kept (they look for this key every second)."""
+        try:
+            self.redis.set(handback_key(self.me.node), 1, ex=HANDBACK_TTL_S)
+        except redis.RedisError as exc:
+            log.warning("could not ask running batches to hand back: %s", exc)
+
     def request_relaunch(self, profile: LaunchProfile) -> None:
         """Ask the monitor to restart the engine with ``profile`` (tuner, remote control)."""
         self._relaunch = profile
@@ -102,6 +125,7 @@ class WorkerRuntime:
             # Batches read this to tell a crash (blame the prompts in flight) from a relaunch.
             self.redis.hincrby(jobstate.node_stats_key(self.me.node), "crash_restarts", 1)
         self.stall.reset()
+        self.gate.close("engine")  # nothing new is taken until the engine is healthy again
         known_good, attempt = self.engine.spec.profile, 0
         while not self._stop.is_set():
             attempt += 1
@@ -116,6 +140,7 @@ class WorkerRuntime:
             try:
                 self.engine.restart(self.settings.engine_start_timeout_s, profile)
                 self._failed_probes = 0
+                self.gate.open("engine")
                 return
             except EngineStartFailed as exc:
                 log.error("%s", exc)
@@ -131,14 +156,20 @@ class WorkerRuntime:
             self._restart(f"no token progress for {self.settings.engine_stall_timeout_s:.0f} s")
         elif not self.engine.probe(self.settings.engine_probe_timeout_s):
             self._failed_probes += 1
+            self.gate.close("engine")
             if self._failed_probes >= self.settings.engine_unhealthy_after:
                 self._restart(f"{self._failed_probes} failed health probes")
         else:
             self._failed_probes = 0
+            self.gate.open("engine")
 
     def _watch(self) -> None:
         while not self._stop.wait(self.settings.engine_health_interval_s):
-            self._check()
+            try:
+                self._check()
+            except Exception:  # noqa: BLE001 - the monitor must outlive any one failure
+                log.exception("engine monitor on GPU %d: unexpected error (monitor continues)",
+                              self.me.gpu)
 
     def _beat_loop(self) -> None:
         # Its own thread: a restart that reloads a 54 GB model must not look like a dead worker.

@@ -17,8 +17,10 @@ from celery import bootsteps, signals
 from config.settings import load_settings
 from workers import context, lease
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
+from workers.delivery.gate import ConsumerGate
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
+from workers.tasks import redis_options
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,12 @@ class EngineStep(bootsteps.StartStopStep):
             start_lease_keeper(worker.app)  # type: ignore[attr-defined]
             return
         settings = load_settings()
-        client = redis.Redis.from_url(settings.redis_url.get_secret_value())
-        _runtime = WorkerRuntime(settings, context.identity(), client,
-                                 lease.index_key(worker.app))  # type: ignore[attr-defined]
+        client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
+                                      **redis_options(settings))
+        app = worker.app  # type: ignore[attr-defined]
+        gate = ConsumerGate(getattr(worker, "consumer", None), app)
+        _runtime = WorkerRuntime(settings, context.identity(), client, lease.index_key(app),
+                                 gate=gate, unacked_key=lease.unacked_key(app))
         atexit.register(_runtime.stop)
         _runtime.start()
 
@@ -81,6 +86,13 @@ class EngineStep(bootsteps.StartStopStep):
         """GPU, engine state, running/cap, queue, tokens/s for ``inspect stats`` (Flower)."""
         return worker_info(_runtime.heartbeat_payload()) if _runtime is not None else {}
 
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**_: object) -> None:
+    """SIGTERM (warm shutdown): hand the running batches back instead of waiting for them."""
+    if _runtime is not None:
+        _runtime.hand_back()
 
 
 @signals.worker_shutdown.connect

@@ -1,4 +1,9 @@
-"""The batch task: thin Celery glue around :class:`workers.batch_runner.BatchRunner`."""
+"""The batch task: thin Celery glue around :class:`workers.batch_runner.BatchRunner`.
+
+A delivery claims the batch (workers/delivery/ownership.py) before it sends anything, and the
+store decides whether the batch is done: a done mark in Redis whose result object is gone is
+dropped and the batch generated again.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,17 @@ from typing import Any
 import orjson
 import redis
 import redis.asyncio as aioredis
+from billiard.exceptions import WorkerLostError
 from celery import Task, shared_task
 from celery.exceptions import Reject
+from celery.worker.request import Request
 
 from config.settings import Settings, load_settings
-from workers import jobstate, metrics
-from workers.batch_runner import (
-    BatchRunner,
-    EngineDown,
-    JobStopped,
-)
+from workers import jobstate, metrics, sink
+from workers.batch_runner import BatchRunner, HandBack, JobStopped
 from workers.context import identity
+from workers.delivery import whereabouts
+from workers.delivery.ownership import ClaimLapsed, LostOwnership, Ownership
 from workers.errors import JobError
 from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
@@ -39,65 +44,128 @@ def _settings_and_store() -> tuple[Settings, Store]:
                                    store_policy(settings))
 
 
+def redis_options(settings: Settings) -> dict[str, Any]:
+    """Client options of every fleet Redis connection: a half-open connection must fail
+    within seconds, not block a lease renewal for minutes."""
+    return {"socket_timeout": settings.redis_socket_timeout_s,
+            "socket_connect_timeout": settings.redis_socket_timeout_s,
+            "socket_keepalive": True, "health_check_interval": 10, "retry_on_timeout": True}
+
+
 def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None]:
     """The running engine's profile name and fixed client concurrency, from its heartbeat."""
     data = orjson.loads(beat) if beat else {}
     return str(data.get("profile", default)), data.get("client_concurrency")
 
 
+def _settle_stored(settings: Settings, store: Store, job: str, batch: int) -> None:
+    """The result is stored but Redis may not know (a restart, a crash before the finish
+    step): count it as the store says, mark it done, drop its leftover progress."""
+    r = redis.Redis.from_url(settings.redis_url.get_secret_value(), **redis_options(settings))
+    try:
+        whereabouts.count_stored(store, r, job, batch)
+        keys = jobstate.Keys(job)
+        r.eval("if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[2]) end",
+               2, keys.owner(batch), keys.progress(batch))
+    finally:
+        r.close()
+
+
+def _skipped(job: str, batch: int, why: str) -> dict[str, Any]:
+    return {"job": job, "batch": batch, "skipped": why}
+
+
 async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
     settings, store = _settings_and_store()
     me = identity()
-    r = aioredis.from_url(settings.redis_url.get_secret_value())
-    keys = jobstate.Keys(job)
+    r = aioredis.from_url(settings.redis_url.get_secret_value(), **redis_options(settings))
     try:
-        if await r.sismember(keys.done, batch):
-            return {"job": job, "batch": batch, "skipped": "already done"}
-        state = (await r.hget(keys.job, "state") or b"running").decode()
+        state = (await r.hget(jobstate.Keys(job).job, "state") or b"running").decode()
         if state != "running":
             # Paused or cancelled after this message was queued: drop it; resume re-sends it.
-            await r.srem(keys.pending, batch)
-            return {"job": job, "batch": batch, "skipped": f"job {state}"}
+            return _skipped(job, batch, f"job {state}")
         spec = await asyncio.to_thread(load_spec, store, job)
-        if await asyncio.to_thread(store.exists, result_key(job, batch)):
-            # Results are durable but Redis lost the "done" mark (a restart): just record it.
-            await r.sadd(keys.done, batch)
-            await r.srem(keys.pending, batch)
-            return {"job": job, "batch": batch, "skipped": "results already stored"}
-        rows = await asyncio.to_thread(load_batch_input, store, job, batch)
-        profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
-        progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
-                                me.gpu, settings.progress_event_interval_s)
-        env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile,
-                       profile_concurrency=fixed, on_progress=progress)
-        summary = await BatchRunner(env, spec, batch, rows).run()
-        await metrics.record_batch(r, me.node, summary["seconds"])
-        return summary
+
+        async def stored() -> bool:
+            return await asyncio.to_thread(store.exists, result_key(job, batch))
+
+        if await stored():
+            await asyncio.to_thread(_settle_stored, settings, store, job, batch)
+            await sink.trigger_when_done(r, spec, settings)
+            return _skipped(job, batch, "results already stored")
+        owner = Ownership(r, job, batch, me.node, settings.visibility_timeout_s)
+        wait_s = settings.visibility_timeout_s + settings.lease_renew_s
+        claimed = await owner.acquire(stored, wait_s)
+        if claimed.status != "ok":
+            return _skipped(job, batch, "already done" if claimed.status == "done"
+                            else f"held by {claimed.holder}")
+        owner.start_keeping(settings.lease_renew_s)
+        try:
+            return await _generate(task, settings, store, r, spec, batch, owner)
+        finally:
+            await owner.stop_keeping()
+            try:
+                await owner.release()  # a no-op once finished or taken over
+            except (redis.RedisError, OSError):
+                pass  # the claim then lapses by itself
     finally:
         await r.aclose()
 
 
-def _forget_batch(job: str, batch: int) -> None:
-    """The batch is neither pending nor running any more (``enqueue`` may resend it)."""
-    settings, _ = _settings_and_store()
-    keys = jobstate.Keys(job)
-    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
+async def _generate(task: Task, settings: Settings, store: Store, r: aioredis.Redis,
+                    spec: Any, batch: int, owner: Ownership) -> dict[str, Any]:
+    me = identity()
+    rows = await asyncio.to_thread(load_batch_input, store, spec.name, batch)
+    profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
+    progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
+                            me.gpu, settings.progress_event_interval_s)
+    env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile,
+                   profile_concurrency=fixed, on_progress=progress)
+    summary = await BatchRunner(env, spec, batch, rows, owner).run()
+    await metrics.record_batch(r, me.node, summary["seconds"])
+    return summary
+
+
+def count_child_death(args: Any) -> None:
+    """One more pool process died while running this batch (from the worker's main process)."""
+    from workers.signals import current_runtime
+
+    runtime = current_runtime()
     try:
-        client.srem(keys.pending, batch)
-        client.hdel(keys.running, batch)
-    finally:
-        client.close()
+        job, batch = str(args[0]), int(args[1])
+    except (TypeError, IndexError, ValueError):
+        return
+    if runtime is None:
+        return
+    try:
+        runtime.redis.hincrby(jobstate.Keys(job).child_deaths, batch, 1)
+    except redis.RedisError as exc:
+        log.warning("could not count the lost pool process of %s/%s: %s", job, batch, exc)
+
+
+class BatchRequest(Request):
+    """The worker's view of one delivery: counts pool processes that die running a batch, so a
+    batch that kills its process every time is quarantined instead of requeued forever."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> None:
+        """Count a lost pool process, then let Celery requeue the batch as usual."""
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)
+        if isinstance(exc, WorkerLostError):
+            count_child_death(self.args)
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
 class BatchTask(Task):
-    """Keeps Redis's view of the job right when a batch fails for good."""
+    """Logs a batch that failed for good; reconcile (``enqueue``, ``resume``) resends it."""
+
+    Request = BatchRequest
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
-        """A failed batch is no longer pending, so ``enqueue`` (reconcile) will resend it."""
+        """Nothing to undo in Redis: where the batch is gets derived when it matters."""
         log.error("batch %s/%s failed for good: %s; re-run enqueue to resend it",
                   args[0], args[1], exc)
-        _forget_batch(args[0], args[1])
 
 
 @shared_task(name="fleet.run_batch", bind=True, base=BatchTask, max_retries=3)
@@ -105,12 +173,12 @@ def run_batch(self: Task, job: str, batch: int) -> dict[str, Any]:
     """Generate every prompt of ``batch`` of ``job`` and store the results."""
     try:
         return asyncio.run(_run(self, job, batch))
-    except EngineDown as exc:
-        # Another GPU can take it: back of the queue, not a failure.
+    except (HandBack, ClaimLapsed) as exc:
+        # Another GPU (or this one, later) takes it, with its answered prompts kept.
+        log.warning("batch %s/%s handed back: %s", job, batch, exc)
         raise Reject(str(exc), requeue=True) from exc
-    except JobStopped as exc:
-        _forget_batch(job, batch)
-        return {"job": job, "batch": batch, "skipped": str(exc)}
+    except (JobStopped, LostOwnership) as exc:
+        return _skipped(job, batch, str(exc))
     except JobError:
         raise
     except Exception as exc:  # anything else: a few spaced retries, then on_failure
