@@ -50,8 +50,8 @@ def test_batch_of_sigkilled_worker_returns_within_60s_and_keeps_progress(
     a.kill()
     killed_at = time.monotonic()
     (b,) = make_workers([1], FLEET_SIM_SPEED="10", FLEET_SIM_MEAN_OUTPUT_TOKENS="60")
-    _wait_for(lambda: r.hget("fleet:job:kill:running", "0") == b.node.encode(), 90,
-              "redelivery to the second worker")
+    _wait_for(lambda: (r.get("fleet:job:kill:owner:0") or b"").startswith(f"{b.node}|".encode()),
+              90, "redelivery to the second worker")
     assert time.monotonic() - killed_at < 60
     wait_done(fleet_env, "kill", timeout_s=120)
     report = _verify(fleet_env, "kill")
@@ -69,7 +69,7 @@ def test_live_batch_longer_than_the_lease_is_never_run_twice(fleet_env, make_wor
     src = write_prompts(tmp_path / "p.jsonl", 100)
     assert run_producer(fleet_env, "enqueue", str(src), "--job", "slow", "--batch-size",
                         "100").returncode == 0
-    _wait_for(lambda: r.hget("fleet:job:slow:running", "0") is not None, 30, "batch start")
+    _wait_for(lambda: r.exists("fleet:job:slow:owner:0"), 30, "batch start")
     started = time.monotonic()
     (b,) = make_workers([1], **fast_lease)  # an idle worker whose sweeps would steal the batch
     wait_done(fleet_env, "slow", timeout_s=120)
