@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from tests.conftest import run_producer
 from tests.test_sink import cli, local_root, make_job, prompt_rows
 from workers.jobs import PromptRow
-from workers.manifest import SCHEMA
+from workers.manifest import SCHEMA, committed_prefix
 from workers.store import LocalStore
 
 
@@ -29,7 +29,8 @@ def _lines(path) -> list[dict]:
 
 def test_export_each_format(fleet_env, tmp_path, r):
     store = _job(fleet_env)
-    shards = [pq.read_table(p) for p in sorted((store.root / "jobs/ex/data").glob("*.parquet"))]
+    folder = store.root / committed_prefix(store, "ex")
+    shards = [pq.read_table(p) for p in sorted(folder.glob("*.parquet"))]
     assert len(shards) == 3
     expected = pa.concat_tables(shards)
     outs = {fmt: tmp_path / "out" / f"ex.{fmt}" for fmt in ("parquet", "jsonl", "openai-batch")}
@@ -77,7 +78,7 @@ def test_export_refuses_without_a_data_set_or_with_a_damaged_shard(fleet_env, tm
     )
     assert res.returncode == 3 and "sink --job raw" in res.stderr
     store = _job(fleet_env, "bad")
-    shard = store.root / "jobs/bad/data/part-00001.parquet"
+    shard = store.root / committed_prefix(store, "bad") / "part-00001.parquet"
     shard.write_bytes(shard.read_bytes()[:-1] + b"X")
     out = tmp_path / "bad.parquet"
     res = cli(fleet_env, "export", "--job", "bad", "--format", "parquet", "--out", str(out))

@@ -150,8 +150,9 @@ def test_job_through_s3_sink_export_and_reuse(s3_env, make_workers, tmp_path, r)
     assert [s["rows"] for s in manifest["shards"]] == [60, 60] and manifest["complete"]
     assert success_key("s3job") in first
 
-    root = f"{bucket_of(s3_env)}/runs/jobs/s3job/data/"
-    table = pq.read_table(root, filesystem=_s3fs(s3_env))  # the one-line load, from S3
+    url = cli(s3_env, "dataset-path", "--job", "s3job").stdout.strip()
+    assert url == f"s3://{bucket_of(s3_env)}/runs/{manifest['data_prefix']}"
+    table = pq.read_table(url.removeprefix("s3://"), filesystem=_s3fs(s3_env))  # one-line load
     assert table.num_rows == 120 and table.column("index").to_pylist() == list(range(120))
     assert table.column("id").to_pylist() == [f"p{i}" for i in range(120)]
     assert set(table.column("status").to_pylist()) == {"ok"}
