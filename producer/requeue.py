@@ -27,11 +27,14 @@ from workers.celery_app import SHARED_QUEUE
 from workers.jobs import (
     JobSpec,
     batch_of_result_key,
+    compress_rows,
     decode_rows,
     encode_rows,
     input_key,
     result_key,
     results_prefix,
+    save_spec,
+    staged_sha256,
 )
 from workers.manifest import encode_manifest, load_manifest, manifest_key, success_key
 from workers.sink import reset_auto_trigger
@@ -56,16 +59,19 @@ def _selected(row: dict[str, Any], truncated: bool) -> bool:
 
 
 def _restage(store: Store, job: str, batch: int, indices: set[int],
-             max_new_tokens: int | None) -> None:
+             max_new_tokens: int | None) -> str | None:
+    """Write the new token cap into the staged rows; return the batch's new sha256."""
     if max_new_tokens is None:
-        return
+        return None
     rows = decode_rows(store.get(input_key(job, batch)))
     for row in rows:
         if row["index"] in indices:
             params = row.get("params") or {}
             params.pop("max_tokens", None)
             row["params"] = {**params, "max_new_tokens": max_new_tokens}
-    store.put(input_key(job, batch), encode_rows(rows, compress=True))
+    data = encode_rows(rows, compress=False)
+    store.put(input_key(job, batch), compress_rows(data))
+    return staged_sha256(data)
 
 
 def mark_reopened(store: Store, job: str) -> None:
@@ -104,6 +110,7 @@ def _requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, truncated
              max_new_tokens: int | None, lock: SinkLock) -> RequeueReport:
     report = RequeueReport()
     reopened: list[int] = []
+    shas = list(spec.input_sha256)
     for key in store.list(results_prefix(spec.name)):
         batch = batch_of_result_key(key)
         if batch is None:
@@ -116,13 +123,17 @@ def _requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, truncated
         if not reopened:
             lock.check()
             mark_reopened(store, spec.name)
-        _restage(store, spec.name, batch, {x["index"] for x in redo}, max_new_tokens)
+        sha = _restage(store, spec.name, batch, {x["index"] for x in redo}, max_new_tokens)
+        if sha is not None and batch < len(shas):
+            shas[batch] = sha
         _reopen(r, spec.name, batch, keep, redo)
         store.delete(result_key(spec.name, batch))
         reopened.append(batch)
         report.rows += len(redo)
     # Every batch is reopened before any is sent, and the trigger is re-armed, so only the
     # last of them to finish starts the sink again.
+    if shas != spec.input_sha256:  # workers check the staged batches against the record
+        save_spec(store, spec.model_copy(update={"input_sha256": shas}))
     reset_auto_trigger(r, spec.name)
     for batch in reopened:
         app.send_task("fleet.run_batch", args=[spec.name, batch], queue=SHARED_QUEUE)

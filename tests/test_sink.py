@@ -132,6 +132,7 @@ def make_job(
         input_fingerprint=fingerprint,
         sampling=sampling or SamplingSpec(max_new_tokens=64),
         created_at=1_700_000_000.0,
+        input_sha256=report.batch_sha256,
     )
     save_spec(store, spec)
     for b in range(n):

@@ -24,7 +24,7 @@ from workers.context import identity
 from workers.errors import JobError
 from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
-from workers.jobs import load_batch_input, load_spec, result_key
+from workers.jobs import load_checked_input, load_spec, result_key
 from workers.progress import BatchEnv
 from workers.store import RetryingStore, Store, open_store, store_policy
 
@@ -64,7 +64,7 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             await r.sadd(keys.done, batch)
             await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": "results already stored"}
-        rows = await asyncio.to_thread(load_batch_input, store, job, batch)
+        rows = await asyncio.to_thread(load_checked_input, store, spec, batch)
         profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
         progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
                                 me.gpu, settings.progress_event_interval_s)
