@@ -93,8 +93,9 @@ def verify_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"verify {report['job']}", show_header=False)
     table.add_column("k")
     table.add_column("v")
-    for k in ("expected", "rows", "unique", "duplicates", "missing", "failed", "truncated"):
-        table.add_row(k, f"{report[k]:,}")
+    for k in ("expected", "rows", "unique", "duplicates", "missing", "misplaced", "failed",
+              "quarantined", "truncated"):
+        table.add_row(k, f"{report.get(k, 0):,}")
     table.add_row("ok", "yes" if report["ok"] else "NO")
     return table
 

@@ -61,9 +61,15 @@ def test_export_each_format(fleet_env, tmp_path, r):
     assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}
     assert text["response"]["body"]["object"] == "text_completion"
     assert text["response"]["body"]["choices"][0]["text"] == "answer to p1"
-    assert failed["response"] is None
-    assert failed["error"] == {"code": "generation_failed", "message": "engine said no"}
-    assert quarantined["error"]["code"] == "quarantined"
+    # Per-request failures sit in the response, as in OpenAI's batch output; error is null.
+    assert failed["error"] is None and quarantined["error"] is None
+    assert failed["response"]["status_code"] == 500 and failed["response"]["request_id"]
+    assert failed["response"]["body"] == {"error": {
+        "message": "engine said no", "type": "server_error", "param": None,
+        "code": "generation_failed"}}
+    assert quarantined["response"]["status_code"] == 400
+    assert quarantined["response"]["body"]["error"]["code"] == "quarantined"
+    assert quarantined["response"]["body"]["error"]["type"] == "invalid_request_error"
     # Reproducible: a second export writes the same bytes.
     again = tmp_path / "again.jsonl"
     cli(fleet_env, "export", "--job", "ex", "--format", "openai-batch", "--out", str(again))

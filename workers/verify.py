@@ -27,7 +27,6 @@ from workers.jobs import (
 from workers.manifest import Tally
 from workers.store import ObjectMissing, Store
 
-BUCKETS = ("ok", "truncated", "failed", "quarantined")
 PREFETCH = 8
 T = TypeVar("T")
 U = TypeVar("U")
@@ -77,14 +76,16 @@ class RowCheck:
         return True
 
     def report(self) -> dict[str, Any]:
-        """The verify report: counts, problems and ``ok`` (every prompt exactly once)."""
+        """The verify report: ``counts`` (the manifest's buckets; ``failed``, ``quarantined``
+        and ``truncated`` also at the top), problems, and ``ok`` (every prompt exactly once)."""
         unique = len(self._seen)
         missing = self.spec.total - unique
         counts = self.tally.counts
         return {
             "job": self.spec.name, "expected": self.spec.total, "rows": self.rows,
             "unique": unique, "duplicates": self.duplicates, "missing": missing,
-            **{b: counts[b] for b in BUCKETS},
+            "failed": counts["failed"], "quarantined": counts["quarantined"],
+            "truncated": counts["truncated"], "counts": dict(counts),
             "misplaced": self.misplaced, "out_of_range": self.out_of_range,
             "problems": list(self.examples),
             "ok": (missing == 0 and self.duplicates == 0 and self.misplaced == 0
