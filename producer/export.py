@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from workers.errors import JobError, StoreError
 from workers.manifest import SCHEMA, load_manifest, row_bucket
 from workers.retry import RetryPolicy
-from workers.store import RetryingStore, Store
+from workers.store import FILE_MODE, RetryingStore, Store, fsync_dir
 
 FORMATS = ("parquet", "jsonl", "openai-batch")
 
@@ -141,7 +141,9 @@ def export(store: Store, job: str, fmt: str, out: Path) -> dict[str, Any]:
             else:
                 with os.fdopen(fd, "wb") as fh:
                     rows = _write_lines(tables, fh, fmt, manifest)
+        os.chmod(tmp_out, FILE_MODE)  # mkstemp made it 0600
         os.replace(tmp_out, out)
+        fsync_dir(out.parent)
     finally:
         tmp_out.unlink(missing_ok=True)
     return {"job": job, "format": fmt, "out": str(out), "rows": rows,

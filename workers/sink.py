@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 SINK_TASK = "fleet.sink_job"
 LOCK_WAIT_S = 3600
 AUTO_DEDUP_S = 300
+STALE_PARTIAL_S = 24 * 3600.0
 StepHook = Callable[[str], None]
 
 __all__ = ["prefetched", "stored_batches", "aggregate", "sink_job"]
@@ -275,6 +276,10 @@ def aggregate(store: Store, job: str, limits: ShardLimits,
     ``success-written``, ``cleanup`` per deleted object)."""
     store = RetryingStore(store, policy or RetryPolicy(max_attempts=10))
     spec = load_spec(store, job)
+    # Leftovers of killed writers: under data/ they are a sink's (ours, under the lock); in
+    # the rest of the job only once they are old enough that no live writer owns them.
+    store.clean_partial(data_prefix(job))
+    store.clean_partial(f"jobs/{job}/", STALE_PARTIAL_S)
     previous = load_manifest(store, job)
     version = new_version(previous)
     with tempfile.TemporaryDirectory(prefix="fleet-sink-") as tmp:
