@@ -14,7 +14,7 @@ from pyarrow import fs
 
 from config.settings import S3Settings
 from tests.conftest import run_producer, write_prompts
-from tests.test_sink import cli, wait_job
+from tests.test_sink import cli, digest_of, wait_job
 from workers.errors import StoreError
 from workers.jobs import decode_rows, result_key
 from workers.manifest import manifest_key, success_key
@@ -198,6 +198,8 @@ def test_job_through_s3_sink_export_and_reuse(s3_env, make_workers, tmp_path, r)
     rows = [x for b in range(5) for x in decode_rows(store.get(result_key("again", b)))]
     assert [x["index"] for x in rows] == list(range(100))
     assert [x.get("reused_from") for x in rows] == ["s3job"] * 70 + [None] * 30
+    # Every row records its engine's launch digest: the worker's profile, as on disk.
+    assert {x["launch_digest"] for x in old.values()} == {digest_of("qwen36-27b")}
     assert all(
         x["completion"] == old[x["index"]]["completion"]
         and x["latency_s"] == old[x["index"]]["latency_s"]

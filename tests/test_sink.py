@@ -15,6 +15,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from config.launch_profile import ProfileError, load_profile
 from producer.enqueue import EnqueueReport, stage
 from producer.localfleet import stop_process
 from tests.conftest import ROOT, run_producer, write_prompts
@@ -28,7 +29,13 @@ from workers.jobs import (
     result_key,
     save_spec,
 )
-from workers.manifest import SCHEMA, committed_prefix, manifest_key, success_key
+from workers.manifest import (
+    SCHEMA,
+    committed_prefix,
+    launch_digest,
+    manifest_key,
+    success_key,
+)
 from workers.retry import RetryPolicy
 from workers.sink import ShardLimits, aggregate
 from workers.store import LocalStore, Store
@@ -106,7 +113,16 @@ def fake_result(
         "profile": profile,
         "gpu": batch % 2,
         "node": f"gpu{batch % 2}@test",
+        "launch_digest": digest_of(profile),
     }
+
+
+def digest_of(profile: str) -> str | None:
+    """The launch digest a worker running ``profile`` (as on disk) records, if it exists."""
+    try:
+        return launch_digest(load_profile(profile))
+    except ProfileError:
+        return None
 
 
 def make_job(

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from config.launch_profile import LaunchProfile
 from workers.errors import JobError
 from workers.jobs import JobSpec
 from workers.store import ObjectMissing, Store
@@ -56,7 +57,15 @@ SCHEMA = pa.schema([
     pa.field("gpu", pa.int16()),
     pa.field("node", pa.string()),
     pa.field("reused_from", pa.string()),
+    pa.field("launch_digest", pa.string()),
 ])
+
+
+def launch_digest(profile: LaunchProfile) -> str:
+    """Digest of an engine's effective launch: its flags and environment, not its name, so an
+    edited profile under the same name, or another profile, gives another digest."""
+    doc = {"flags": profile.flags, "env": profile.env}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 def data_prefix(job: str) -> str:

@@ -39,10 +39,12 @@ def _settings_and_store() -> tuple[Settings, Store]:
                                    store_policy(settings))
 
 
-def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None]:
-    """The running engine's profile name and fixed client concurrency, from its heartbeat."""
+def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None, str | None]:
+    """The running engine's profile name, fixed client concurrency and launch digest, from
+    its heartbeat."""
     data = orjson.loads(beat) if beat else {}
-    return str(data.get("profile", default)), data.get("client_concurrency")
+    return str(data.get("profile", default)), data.get("client_concurrency"), data.get(
+        "launch_digest")
 
 
 async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
@@ -65,11 +67,12 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             await r.srem(keys.pending, batch)
             return {"job": job, "batch": batch, "skipped": "results already stored"}
         rows = await asyncio.to_thread(load_checked_input, store, spec, batch)
-        profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
+        beat = await r.get(heartbeat_key(me.node))
+        profile, fixed, digest = _engine_profile(beat, settings.profile)
         progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
                                 me.gpu, settings.progress_event_interval_s)
         env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile,
-                       profile_concurrency=fixed, on_progress=progress)
+                       profile_concurrency=fixed, on_progress=progress, launch_digest=digest)
         summary = await BatchRunner(env, spec, batch, rows).run()
         await metrics.record_batch(r, me.node, summary["seconds"])
         return summary
