@@ -17,8 +17,9 @@ import hashlib
 import queue
 import tempfile
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -49,6 +50,8 @@ from workers.jobs import (
 )
 from workers.manifest import row_bucket
 from workers.store import ObjectMissing, Store
+
+CHECKERS = 8
 
 
 @dataclass
@@ -96,25 +99,48 @@ class BatchWriter:
         self._queue: queue.Queue[tuple[str, bytes, str | None] | None] = queue.Queue(
             maxsize=depth)
         self._error: Exception | None = None
+        self._lock = threading.Lock()
         self.spooled: list[str] = []
         self._thread = threading.Thread(target=self._run, name="stage-writer", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _drain(self, fn: Callable[[str, bytes, str | None], None]) -> None:
         # After a failure the queue is still drained, so a put() never blocks forever.
         while (item := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    self._write(*item)
+                    fn(*item)
                 except Exception as exc:
                     self._error = exc
 
-    def _write(self, key: str, data: bytes, sha: str | None) -> None:
+    def _run(self) -> None:
         if self._spool is None:
-            self._store.put(key, compress_rows(data))
-        elif sha is None or not staged_intact(self._store, key, sha):
+            self._drain(lambda key, data, _: self._store.put(key, compress_rows(data)))
+            return
+        # A re-run reads every staged object back: CHECKERS reads at a time, as a remote
+        # store answers each one slowly; at most CHECKERS batches wait in memory.
+        with ThreadPoolExecutor(CHECKERS, thread_name_prefix="stage-check") as pool:
+            pending: deque[Future[None]] = deque()
+
+            def submit(key: str, data: bytes, sha: str | None) -> None:
+                pending.append(pool.submit(self._check, key, data, sha))
+                if len(pending) >= CHECKERS:
+                    pending.popleft().result()
+
+            self._drain(submit)
+            for future in pending:
+                try:
+                    future.result()
+                except Exception as exc:
+                    self._error = self._error or exc
+
+    def _check(self, key: str, data: bytes, sha: str | None) -> None:
+        """Spool the batch unless its staged object is intact."""
+        assert self._spool is not None
+        if sha is None or not staged_intact(self._store, key, sha):
             (self._spool / _spool_name(key)).write_bytes(compress_rows(data))
-            self.spooled.append(key)
+            with self._lock:
+                self.spooled.append(key)
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -130,6 +156,7 @@ class BatchWriter:
     def upload_spool(self) -> int:
         """Write the spooled batches to the store; return how many."""
         assert self._spool is not None
+        self.spooled.sort()
         for key in self.spooled:
             self._store.put(key, (self._spool / _spool_name(key)).read_bytes())
         return len(self.spooled)
