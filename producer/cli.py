@@ -211,6 +211,19 @@ def sink(
         raise typer.Exit(RET_FAILED)
 
 
+@cli.command("dataset-path")
+@friendly_errors
+def dataset_path_cmd(
+    job: str = typer.Option(..., "--job", help="Job name"),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete",
+                                          help="Print it even if rows are missing"),
+) -> None:
+    """Print the folder (or s3:// URL) of the job's committed data set: read it through this."""
+    from producer.sinkcmd import dataset_path
+
+    sys.stdout.write(dataset_path(load_settings(), job, allow_incomplete) + "\n")
+
+
 @cli.command()
 @friendly_errors
 def export(

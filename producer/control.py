@@ -60,5 +60,7 @@ def list_jobs(r: redis.Redis) -> list[dict[str, Any]]:
                     "completed": c["completed"], "failed": c["failed"],
                     "done_batches": r.scard(keys.done),
                     "n_batches": spec.n_batches if spec else 0,
-                    "progress": round((c["completed"] + c["failed"]) / total, 4) if total else 0})
+                    "quarantined": c["quarantined"],
+                    "progress": round((c["completed"] + c["failed"] + c["quarantined"]) / total, 4)
+                    if total else 0})
     return out

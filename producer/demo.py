@@ -109,8 +109,8 @@ def main() -> int:
         code = code or _producer(env, "sink", "--job", job, "--local")
         _producer(env, "report", "--job", job, "--out", str(DEMO_DIR / "report"))
         store = env.get("FLEET_STORE_URL", settings.store_url)
-        console.print(f"data set: {store}/jobs/{job}/data/ (Parquet shards, manifest.json, "
-                      f"_SUCCESS); per-batch results under {store}/jobs/{job}/results/")
+        console.print(f"data set: python -m producer dataset-path --job {job} (manifest.json "
+                      f"names it); per-batch results under {store}/jobs/{job}/results/")
         console.print(f"logs: {DEMO_DIR / 'logs'}")
         return code
     finally:

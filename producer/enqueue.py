@@ -5,14 +5,22 @@ batches are done (their result objects exist), the broker and the owner keys say
 message or a live run, and only the rest is sent (workers/delivery/whereabouts.py). The input
 is streamed: a batch is compressed and written on a background thread while the next one is
 parsed, and at most a few batches are held in memory.
+
+The job record keeps the sha256 of every staged batch (of its uncompressed JSONL); a worker
+checks it before it uses the batch. A re-run writes nothing to the store until the input's
+fingerprint matches the job's: batches whose staged object is missing or corrupt are spooled
+to a local temporary folder while the input is read, and uploaded only after the check.
 """
 
 from __future__ import annotations
 
 import hashlib
 import queue
+import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,14 +36,19 @@ from workers.errors import InputError, JobError
 from workers.jobs import (
     JobSpec,
     SamplingSpec,
+    batch_of_input_key,
     compress_rows,
     encode_rows,
     input_key,
     load_spec,
     save_spec,
+    staged_sha256,
+    uncompressed,
 )
 from workers.lease import unacked_key
-from workers.store import Store
+from workers.store import ObjectMissing, Store
+
+CHECKERS = 8
 
 
 @dataclass
@@ -49,6 +62,7 @@ class EnqueueReport:
     already_done: int = 0
     already_pending: int = 0
     bad_rows: list[str] = field(default_factory=list)
+    batch_sha256: list[str] = field(default_factory=list)
 
 
 def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
@@ -70,34 +84,79 @@ class BatchWriter:
     slower side. The first failed write stops the writes; its exception (a StoreError for the
     store's failures) is raised in the caller's thread by the next :meth:`put` or on leaving
     the ``with`` block, so it ends the command like any other error.
+
+    With a ``spool`` folder (a re-run of an existing job) nothing is written to the store: a
+    batch whose staged object is intact (its uncompressed sha256 is the one given) is left
+    alone, and any other is compressed into the spool, to be uploaded by :meth:`upload_spool`
+    once the caller has checked the input's fingerprint.
     """
 
-    def __init__(self, store: Store, depth: int = 2) -> None:
-        self._store = store
-        self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=depth)
+    def __init__(self, store: Store, depth: int = 2, spool: Path | None = None) -> None:
+        self._store, self._spool = store, spool
+        self._queue: queue.Queue[tuple[str, bytes, str | None] | None] = queue.Queue(
+            maxsize=depth)
         self._error: Exception | None = None
+        self._lock = threading.Lock()
+        self.spooled: list[str] = []
         self._thread = threading.Thread(target=self._run, name="stage-writer", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _drain(self, fn: Callable[[str, bytes, str | None], None]) -> None:
         # After a failure the queue is still drained, so a put() never blocks forever.
         while (item := self._queue.get()) is not None:
             if self._error is None:
-                key, data = item
                 try:
-                    self._store.put(key, compress_rows(data))
+                    fn(*item)
                 except Exception as exc:
                     self._error = exc
+
+    def _run(self) -> None:
+        if self._spool is None:
+            self._drain(lambda key, data, _: self._store.put(key, compress_rows(data)))
+            return
+        # A re-run reads every staged object back: CHECKERS reads at a time, as a remote
+        # store answers each one slowly; at most CHECKERS batches wait in memory.
+        with ThreadPoolExecutor(CHECKERS, thread_name_prefix="stage-check") as pool:
+            pending: deque[Future[None]] = deque()
+
+            def submit(key: str, data: bytes, sha: str | None) -> None:
+                pending.append(pool.submit(self._check, key, data, sha))
+                if len(pending) >= CHECKERS:
+                    pending.popleft().result()
+
+            self._drain(submit)
+            for future in pending:
+                try:
+                    future.result()
+                except Exception as exc:
+                    self._error = self._error or exc
+
+    def _check(self, key: str, data: bytes, sha: str | None) -> None:
+        """Spool the batch unless its staged object is intact."""
+        assert self._spool is not None
+        if sha is None or not staged_intact(self._store, key, sha):
+            (self._spool / _spool_name(key)).write_bytes(compress_rows(data))
+            with self._lock:
+                self.spooled.append(key)
 
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, sha: str | None = None) -> None:
         """Queue JSONL ``data`` to be stored compressed under ``key`` (blocks while the queue
-        is full); raise the error of an earlier write, if one failed."""
+        is full); raise the error of an earlier write, if one failed. ``sha`` is the sha256
+        an intact staged object has (spool mode)."""
         self._raise_error()
-        self._queue.put((key, data))
+        self._queue.put((key, data, sha))
+
+    def upload_spool(self) -> int:
+        """Write the spooled batches to the store; return how many."""
+        assert self._spool is not None
+        self.spooled.sort()
+        for key in self.spooled:
+            self._store.put(key, (self._spool / _spool_name(key)).read_bytes())
+        return len(self.spooled)
 
     def __enter__(self) -> BatchWriter:
         return self
@@ -109,6 +168,20 @@ class BatchWriter:
         self._thread.join()
         if exc_type is None:
             self._raise_error()
+
+
+def _spool_name(key: str) -> str:
+    return key.replace("/", "_")
+
+
+def staged_intact(store: Store, key: str, sha: str) -> bool:
+    """Whether the staged object at ``key`` exists and its JSONL has sha256 ``sha``."""
+    try:
+        return staged_sha256(uncompressed(store.get(key))) == sha
+    except ObjectMissing:
+        return False
+    except JobError:  # not gzip, or cut short
+        return False
 
 
 def _existing_spec(store: Store, job: str) -> JobSpec | None:
@@ -125,17 +198,26 @@ def _fingerprint(digest: hashlib._Hash, rows: list[dict[str, Any]]) -> None:
 
 def stage(store: Store, job: str, rows: Iterable[dict[str, Any]], batch_size: int,
           report: EnqueueReport, skip_existing: bool,
-          on_batch: Callable[[int, int], None] | None = None) -> tuple[int, int, str]:
+          on_batch: Callable[[int, int], None] | None = None,
+          writer: BatchWriter | None = None, recorded: list[str] | None = None
+          ) -> tuple[int, int, str]:
     """Write each batch of staged row dicts (as :mod:`producer.readers` yields them) to the
-    store; return (rows, batches, input fingerprint)."""
+    store (or, through a spooling ``writer``, only the batches whose staged object is not
+    intact: not matching ``recorded[b]``, else the input's own sha256); return (rows, batches,
+    input fingerprint). ``report.batch_sha256`` gets each batch's sha256."""
     digest, total, n = hashlib.sha256(), 0, 0
-    with BatchWriter(store) as writer:
+    recorded = recorded or []
+    with writer or BatchWriter(store) as out:
         for n, chunk in enumerate(_chunks(rows, batch_size), start=1):
             _fingerprint(digest, chunk)
             report.bad_rows += [e for d in chunk if (e := d.get("error"))]
-            key = input_key(job, n - 1)
-            if not (skip_existing and store.exists(key)):
-                writer.put(key, encode_rows(chunk, compress=False))
+            key, data = input_key(job, n - 1), encode_rows(chunk, compress=False)
+            sha = staged_sha256(data)
+            report.batch_sha256.append(sha)
+            if writer is not None:
+                out.put(key, data, recorded[n - 1] if n - 1 < len(recorded) else sha)
+            elif not (skip_existing and store.exists(key)):
+                out.put(key, data)
                 report.staged += 1
             total += len(chunk)
             if on_batch:
@@ -153,6 +235,29 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
     report.enqueued += found.enqueued
 
 
+def _stage_for(store: Store, job: str, input_path: Path, rows: Iterable[dict[str, Any]],
+               size: int, report: EnqueueReport, old: JobSpec | None,
+               on_batch: Callable[[int, int], None] | None) -> tuple[int, int, str]:
+    """Stage a new job; for an existing one, check the fingerprint before anything is written,
+    then re-stage only the batches whose staged object is missing or corrupt."""
+    if old is None:
+        return stage(store, job, rows, size, report, False, on_batch)
+    with tempfile.TemporaryDirectory(prefix="fleet-stage-") as spool:
+        writer = BatchWriter(store, spool=Path(spool))
+        total, n, fingerprint = stage(store, job, rows, size, report, True, on_batch,
+                                      writer=writer, recorded=old.input_sha256)
+        if total and fingerprint != old.input_fingerprint:
+            raise JobError(f"{input_path} differs from the input job {job!r} was created with "
+                           "(fingerprint mismatch); use a new job name")
+        report.staged = writer.upload_spool()
+        restaged = {batch_of_input_key(k) for k in writer.spooled}
+    # Intact batches keep their recorded sha256 (requeue-failed may have rewritten them).
+    report.batch_sha256 = [
+        old.input_sha256[b] if b not in restaged and b < len(old.input_sha256) else sha
+        for b, sha in enumerate(report.batch_sha256)]
+    return total, n, fingerprint
+
+
 def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,
             batch_size: int | None, sampling: SamplingSpec, rows: Iterable[dict[str, Any]],
             on_batch: Callable[[int, int], None] | None = None,
@@ -168,16 +273,15 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: st
     placeholder = JobSpec(name=job, total=0, batch_size=size, n_batches=0,
                           input_path=str(input_path), input_fingerprint="")
     report = EnqueueReport(spec=placeholder, created=old is None)
-    total, n, fingerprint = stage(store, job, rows, size, report, old is not None, on_batch)
+    total, n, fingerprint = _stage_for(store, job, input_path, rows, size, report, old,
+                                       on_batch)
     if total == 0:
         raise InputError(str(input_path), None, "no rows")
-    if old and fingerprint != old.input_fingerprint:
-        raise JobError(f"{input_path} differs from the input job {job!r} was created with "
-                       "(fingerprint mismatch); use a new job name")
     spec = old or JobSpec(name=job, total=total, batch_size=size, n_batches=n,
                           input_path=str(input_path), input_fingerprint=fingerprint,
                           sampling=sampling, bad_rows=len(report.bad_rows))
-    if old is None:
+    if old is None or spec.input_sha256 != report.batch_sha256:
+        spec = spec.model_copy(update={"input_sha256": report.batch_sha256})
         save_spec(store, spec)
     report.spec = spec
     jobstate.register_job(r, job, spec.model_dump_json())
@@ -185,5 +289,3 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: st
         before_reconcile(spec)
     reconcile(store, r, app, spec, report)
     return report
-
-

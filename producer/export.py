@@ -6,9 +6,13 @@ output appears only when complete (written beside PATH, then renamed over it).
 
 ``openai-batch`` lines follow the OpenAI Batch output file: ``{"id", "custom_id",
 "response": {"status_code", "request_id", "body"}, "error"}``; the body is a
-``chat.completion`` for chat rows and a ``text_completion`` for plain prompts. Failed rows get
-``"response": null`` and ``"error": {"code", "message"}``. Every id is derived from the job
-and row index, so an export is reproducible.
+``chat.completion`` for chat rows and a ``text_completion`` for plain prompts. A failed row is
+a per-request failure, which that format reports in the response (the OpenAPI schema
+``BatchRequestOutput`` of openai-openapi: ``error`` is only "for requests that failed with a
+non-HTTP error"): ``"response": {"status_code": 400 | 500, "request_id", "body": {"error":
+{"message", "type", "param", "code"}}}, "error": null``; 400 with ``invalid_request_error`` for
+quarantined rows, 500 with ``server_error`` for generation failures. Every id is derived from
+the job and row index, so an export is reproducible.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import pyarrow.parquet as pq
 from workers.errors import JobError, StoreError
 from workers.manifest import SCHEMA, load_manifest, row_bucket
 from workers.retry import RetryPolicy
-from workers.store import RetryingStore, Store
+from workers.store import FILE_MODE, RetryingStore, Store, fsync_dir
 
 FORMATS = ("parquet", "jsonl", "openai-batch")
 
@@ -78,8 +82,12 @@ def openai_line(rec: dict[str, Any], created: int, models: dict[str, str]) -> di
     rid = _ids(rec["job"], rec["index"])
     line: dict[str, Any] = {"id": f"batch_req_{rid}", "custom_id": rec["id"]}
     if rec["status"] != "ok":
-        code = "quarantined" if row_bucket(rec) == "quarantined" else "generation_failed"
-        return line | {"response": None, "error": {"code": code, "message": rec["error"]}}
+        status, kind, code = ((400, "invalid_request_error", "quarantined")
+                              if row_bucket(rec) == "quarantined"
+                              else (500, "server_error", "generation_failed"))
+        body = {"error": {"message": rec["error"], "type": kind, "param": None, "code": code}}
+        return line | {"response": {"status_code": status, "request_id": f"req_{rid}",
+                                    "body": body}, "error": None}
     model = models.get(rec["profile"] or "", rec["profile"] or "")
     body = _body(rec, rid, created, model)
     return line | {"response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
@@ -133,7 +141,9 @@ def export(store: Store, job: str, fmt: str, out: Path) -> dict[str, Any]:
             else:
                 with os.fdopen(fd, "wb") as fh:
                     rows = _write_lines(tables, fh, fmt, manifest)
+        os.chmod(tmp_out, FILE_MODE)  # mkstemp made it 0600
         os.replace(tmp_out, out)
+        fsync_dir(out.parent)
     finally:
         tmp_out.unlink(missing_ok=True)
     return {"job": job, "format": fmt, "out": str(out), "rows": rows,

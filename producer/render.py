@@ -42,8 +42,8 @@ def enqueue_summary(console: Console, report: EnqueueReport) -> None:
         f"enqueued {report.enqueued}, already done {report.already_done}, "
         f"already pending {report.already_pending}", soft_wrap=True)
     if report.bad_rows:
-        console.print(f"quarantined {len(report.bad_rows)} bad rows (they are reported as "
-                      f"failed with their reason), first: {report.bad_rows[0]}", soft_wrap=True)
+        console.print(f"quarantined {len(report.bad_rows)} bad rows (stored with their "
+                      f"reason), first: {report.bad_rows[0]}", soft_wrap=True)
 
 
 def _fmt_eta(hours: float | None) -> str:
@@ -71,11 +71,12 @@ def status_table(st: dict[str, Any]) -> Group:
     tot = Table(title=f"job {st['job']}", show_header=False)
     tot.add_column("k")
     tot.add_column("v")
-    done_pct = 100 * (st["completed"] + st["failed"]) / max(st["total"], 1)
+    finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
+    done_pct = 100 * finished / max(st["total"], 1)
     for k, v in (
-        ("progress", f"{st['completed'] + st['failed']:,}/{st['total']:,} ({done_pct:.1f} %)"),
-        ("completed / failed (quarantined) / truncated",
-         f"{st['completed']:,} / {st['failed']:,} ({st.get('quarantined', 0):,}) / "
+        ("progress", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
+        ("completed / failed / quarantined / truncated",
+         f"{st['completed']:,} / {st['failed']:,} / {st.get('quarantined', 0):,} / "
          f"{st['truncated']:,}"),
         ("batches done / running / queued",
          f"{st['done_batches']} / {st['in_flight_batches']} / {st['queued_batches']}"),
@@ -93,8 +94,9 @@ def verify_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"verify {report['job']}", show_header=False)
     table.add_column("k")
     table.add_column("v")
-    for k in ("expected", "rows", "unique", "duplicates", "missing", "failed", "truncated"):
-        table.add_row(k, f"{report[k]:,}")
+    for k in ("expected", "rows", "unique", "duplicates", "missing", "misplaced", "failed",
+              "quarantined", "truncated"):
+        table.add_row(k, f"{report.get(k, 0):,}")
     table.add_row("ok", "yes" if report["ok"] else "NO")
     return table
 

@@ -1,5 +1,10 @@
 """Send quarantined (or truncated) prompts of a finished job back to the GPUs.
 
+The whole command holds the job's data-set lock (:mod:`workers.sinklock`), so it never runs
+beside the sink. Before it deletes anything it removes ``_SUCCESS`` and marks the committed
+manifest incomplete (``complete: false``, ``reopened``), and it re-arms the sink's automatic
+trigger, so the last requeued batch aggregates the job again.
+
 For each batch holding such rows: the rows to keep are put back into the batch's progress hash
 (so workers do not regenerate them), the counters forget the rows being redone, the crash
 counts of those prompts are cleared, an optional new ``max_new_tokens`` is written into their
@@ -8,6 +13,7 @@ staged input, the batch's result object is removed, and the batch is enqueued ag
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +26,21 @@ from workers.celery_app import SHARED_QUEUE
 from workers.jobs import (
     JobSpec,
     batch_of_result_key,
+    compress_rows,
     decode_rows,
     encode_rows,
     input_key,
     result_key,
     results_prefix,
+    save_spec,
+    staged_sha256,
 )
+from workers.manifest import encode_manifest, load_manifest, manifest_key, success_key
+from workers.sink import reset_auto_trigger
+from workers.sinklock import SinkLock
 from workers.store import Store
+
+LOCK_WAIT_S = 300.0
 
 
 @dataclass
@@ -44,16 +58,29 @@ def _selected(row: dict[str, Any], truncated: bool) -> bool:
 
 
 def _restage(store: Store, job: str, batch: int, indices: set[int],
-             max_new_tokens: int | None) -> None:
+             max_new_tokens: int | None) -> str | None:
+    """Write the new token cap into the staged rows; return the batch's new sha256."""
     if max_new_tokens is None:
-        return
+        return None
     rows = decode_rows(store.get(input_key(job, batch)))
     for row in rows:
         if row["index"] in indices:
             params = row.get("params") or {}
             params.pop("max_tokens", None)
             row["params"] = {**params, "max_new_tokens": max_new_tokens}
-    store.put(input_key(job, batch), encode_rows(rows, compress=True))
+    data = encode_rows(rows, compress=False)
+    store.put(input_key(job, batch), compress_rows(data))
+    return staged_sha256(data)
+
+
+def mark_reopened(store: Store, job: str) -> None:
+    """``_SUCCESS`` goes, then the committed manifest says incomplete: from here on no reader
+    takes the data set for complete while its results change."""
+    store.delete(success_key(job))
+    manifest = load_manifest(store, job)
+    if manifest is not None and (manifest.get("complete") or not manifest.get("reopened")):
+        manifest.update(complete=False, reopened=True)
+        store.put(manifest_key(job), encode_manifest(manifest))
 
 
 def _reopen(r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
@@ -73,7 +100,16 @@ def _reopen(r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
 def requeue_failed(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, truncated: bool,
                    max_new_tokens: int | None) -> RequeueReport:
     """Reopen every batch with failed (or truncated) rows; see the module docstring."""
+    with SinkLock(r, spec.name, f"requeue-{uuid.uuid4().hex}") as lock:
+        lock.acquire(LOCK_WAIT_S)
+        return _requeue(store, r, app, spec, truncated, max_new_tokens, lock)
+
+
+def _requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, truncated: bool,
+             max_new_tokens: int | None, lock: SinkLock) -> RequeueReport:
     report = RequeueReport()
+    reopened: list[int] = []
+    shas = list(spec.input_sha256)
     for key in store.list(results_prefix(spec.name)):
         batch = batch_of_result_key(key)
         if batch is None:
@@ -83,10 +119,22 @@ def requeue_failed(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, tru
         if not redo:
             continue
         keep = [x for x in rows if not _selected(x, truncated)]
-        _restage(store, spec.name, batch, {x["index"] for x in redo}, max_new_tokens)
+        if not reopened:
+            lock.check()
+            mark_reopened(store, spec.name)
+        sha = _restage(store, spec.name, batch, {x["index"] for x in redo}, max_new_tokens)
+        if sha is not None and batch < len(shas):
+            shas[batch] = sha
         _reopen(r, spec.name, batch, keep, redo)
         store.delete(result_key(spec.name, batch))
-        app.send_task("fleet.run_batch", args=[spec.name, batch], queue=SHARED_QUEUE)
-        report.batches += 1
+        reopened.append(batch)
         report.rows += len(redo)
+    # Every batch is reopened before any is sent, and the trigger is re-armed, so only the
+    # last of them to finish starts the sink again.
+    if shas != spec.input_sha256:  # workers check the staged batches against the record
+        save_spec(store, spec.model_copy(update={"input_sha256": shas}))
+    reset_auto_trigger(r, spec.name)
+    for batch in reopened:
+        app.send_task("fleet.run_batch", args=[spec.name, batch], queue=SHARED_QUEUE)
+    report.batches = len(reopened)
     return report

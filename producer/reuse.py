@@ -2,8 +2,13 @@
 
 A row of the new job reuses a row of OLD when both have the same content key, the sha256 of
 the prompt or messages and the row's effective sampling (job sampling with the row's own
-overrides: exactly what a worker would send), and OLD's row finished ``ok`` with the profile
-this producer runs (``FLEET_PROFILE``). Failed rows are never reused. Repeated prompts are
+overrides: exactly what a worker would send), and OLD's row finished ``ok`` on an engine
+launched exactly as this producer's profile (``FLEET_PROFILE``) says: every row records the
+digest of its engine's effective launch flags and environment
+(:func:`workers.manifest.launch_digest`), and only rows with the digest of that profile, as
+it is now on disk, are reused (an edited profile under the same name, a worker running
+another profile, or a row from before digests were recorded is regenerated). Failed rows are
+never reused. Repeated prompts are
 matched one to one, in order, over the whole job, so the same old completion is never copied
 twice and a re-run of ``enqueue`` assigns the same rows.
 
@@ -26,6 +31,7 @@ from typing import Any
 import orjson
 import redis
 
+from config.launch_profile import ProfileError, load_profile
 from workers import jobstate
 from workers.batch_runner import sampling_for
 from workers.delivery import ownership, whereabouts
@@ -39,7 +45,7 @@ from workers.jobs import (
     load_spec,
     result_key,
 )
-from workers.manifest import row_bucket
+from workers.manifest import launch_digest, row_bucket
 from workers.sink import prefetched, stored_batches
 from workers.store import Store
 
@@ -74,13 +80,13 @@ def content_key(spec: JobSpec, row: PromptRow) -> bytes:
 class SourceRows:
     """The reusable rows of the source job, found by content key."""
 
-    def __init__(self, store: Store, spec: JobSpec, profile: str) -> None:
-        self.store, self.spec, self.profile = store, spec, profile
+    def __init__(self, store: Store, spec: JobSpec, digest: str) -> None:
+        self.store, self.spec, self.digest = store, spec, digest
         self._where: dict[bytes, deque[tuple[int, int]]] = defaultdict(deque)
         self._cache: OrderedDict[int, dict[int, dict[str, Any]]] = OrderedDict()
         for batch, inputs, results in prefetched(self._load, stored_batches(store, spec.name)):
             ok = {r["index"] for r in results
-                  if r.get("status") == "ok" and r.get("profile") == profile}
+                  if r.get("status") == "ok" and r.get("launch_digest") == digest}
             for row in inputs:
                 if row.index in ok:
                     self._where[content_key(spec, row)].append((batch, row.index))
@@ -123,7 +129,7 @@ def _quarantined(spec: JobSpec, batch: int, row: PromptRow, profile: str) -> dic
             "prompt": row.prompt, "messages": row.messages, "completion": None,
             "reasoning": None, "finish_reason": None, "prompt_tokens": 0,
             "completion_tokens": 0, "latency_s": None, "status": "failed", "error": row.error,
-            "profile": profile, "gpu": None, "node": REUSE_NODE}
+            "profile": profile, "gpu": None, "node": REUSE_NODE, "launch_digest": None}
 
 
 def _prefill(r: redis.Redis, job: str, batch: int, rows: list[dict[str, Any]]) -> None:
@@ -156,7 +162,11 @@ def apply_reuse(store: Store, r: redis.Redis, spec: JobSpec, source: str,
     """Fill the new job's open batches from ``source``; see the module docstring."""
     if source == spec.name:
         raise JobError(f"--reuse-from must name another job than {spec.name!r}")
-    src = SourceRows(store, load_spec(store, source), profile)
+    try:
+        digest = launch_digest(load_profile(profile))
+    except ProfileError as exc:
+        raise JobError(f"--reuse-from needs this producer's launch profile: {exc}") from exc
+    src = SourceRows(store, load_spec(store, source), digest)
     report = ReuseReport(source=source, candidates=len(src))
     todo = _open_batches(store, r, spec)
     for batch in range(spec.n_batches):

@@ -1,29 +1,46 @@
-"""``python -m producer sink``: run the sink here, or enqueue it for a sink worker and wait."""
+"""``python -m producer sink``: run the sink here, or enqueue it for a sink worker and wait;
+``python -m producer dataset-path``: where the committed data set is."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import redis
 
 from config.settings import Settings
+from workers.manifest import committed_prefix, location
 from workers.sink import ShardLimits, aggregate, request_sink, wait_sink
+from workers.sinklock import SinkLock
 from workers.store import open_store, store_policy
 
 
 def run_sink(settings: Settings, job: str, wait: bool, local: bool, timeout_s: float
              ) -> dict[str, Any] | None:
-    """Aggregate ``job``: in-process (``local``), or through the ``sink`` queue."""
-    store = open_store(settings.store_url, settings.s3)
-    if local:
-        return aggregate(store, job, ShardLimits.from_settings(settings), store_policy(settings))
-    from workers import app
+    """Aggregate ``job``: in-process (``local``, under the job's data-set lock, waiting up to
+    ``timeout_s`` for it), or through the ``sink`` queue."""
     from workers.jobs import load_spec
 
-    load_spec(store, job)  # a clear error for an unknown job, before anything is queued
+    store = open_store(settings.store_url, settings.s3)
+    load_spec(store, job)  # a clear error for an unknown job, before anything else
     r = redis.Redis.from_url(settings.redis_url.get_secret_value())
     try:
+        if local:
+            with SinkLock(r, job, f"local-{uuid.uuid4().hex}") as lock:
+                lock.acquire(timeout_s)
+                return aggregate(store, job, ShardLimits.from_settings(settings),
+                                 store_policy(settings), lock=lock)
+        from workers import app
+
         request = request_sink(r, app, job)
         return wait_sink(r, job, request, timeout_s) if wait else None
     finally:
         r.close()
+
+
+def dataset_path(settings: Settings, job: str, allow_incomplete: bool = False) -> str:
+    """Path (local store) or URL (S3) of the committed version of ``job``'s data set: a folder
+    that holds exactly that version's shards (JobError if there is none, or it is incomplete
+    and ``allow_incomplete`` is not set)."""
+    store = open_store(settings.store_url, settings.s3)
+    return location(store.url, committed_prefix(store, job, allow_incomplete))

@@ -43,7 +43,7 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
     c = jobstate.counters(r, spec.name)
     started_at = float(started_raw or time.time())
     rate, tok_rate = _rates(r, keys, started_at)
-    finished = c["completed"] + c["failed"]
+    finished = c["completed"] + c["failed"] + c["quarantined"]
     remaining = max(spec.total - finished, 0)
     done = done_batches >= spec.n_batches and finished >= spec.total
     eta_h = 0.0 if done else (remaining / rate / 3600 if rate > 0 else None)

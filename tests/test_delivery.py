@@ -96,7 +96,7 @@ def test_poison_prompt_is_bisected_out_and_the_rest_completes(fleet_env, make_wo
     rows = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(12)]
     rows[7]["prompt"] = "please __SIM_CRASH__ now"
     st = _run_rows(fleet_env, tmp_path, rows, "poison", 180)
-    assert (st["completed"], st["failed"]) == (11, 1)
+    assert (st["completed"], st["failed"], st["quarantined"]) == (11, 0, 1)
     out = _rows(fleet_env, "poison")
     assert out[7]["status"] == "failed" and "poison prompt" in out[7]["error"]
     assert all(x["status"] == "ok" for i, x in enumerate(out) if i != 7)
@@ -126,7 +126,7 @@ def test_hung_engine_is_restarted_by_the_stall_watch_and_its_prompt_quarantined(
     rows = [{"prompt": f"fine {i}"} for i in range(6)]
     rows[2]["prompt"] = "this one __SIM_HANG__ forever"
     st = _run_rows(fleet_env, tmp_path, rows, "stall", 120)
-    assert (st["completed"], st["failed"]) == (5, 1)
+    assert (st["completed"], st["failed"], st["quarantined"]) == (5, 0, 1)
     out = _rows(fleet_env, "stall")
     assert "poison prompt" in out[2]["error"] and "crashed 2 times" in out[2]["error"]
     log = worker.log_path.read_text()

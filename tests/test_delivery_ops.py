@@ -24,9 +24,10 @@ def _assert_store_and_counters_agree(env: dict[str, str], job: str, total: int) 
     report = _verify(env, job)
     assert report["ok"] and report["duplicates"] == 0 and report["rows"] == total, report
     st = _status(env, job)
-    rows = _rows(env, job)
-    failed = sum(x["status"] == "failed" for x in rows)
-    assert (st["completed"], st["failed"]) == (total - failed, failed), st
+    counts = report["counts"]
+    assert (st["completed"], st["failed"], st["quarantined"]) == (
+        total - counts["failed"] - counts["quarantined"], counts["failed"],
+        counts["quarantined"]), (st, counts)
 
 
 def test_lost_queue_then_pause_and_resume_resends_every_batch(fleet_env, make_workers,

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from tests.conftest import run_producer
 from tests.test_sink import cli, local_root, make_job, prompt_rows
 from workers.jobs import PromptRow
-from workers.manifest import SCHEMA
+from workers.manifest import SCHEMA, committed_prefix
 from workers.store import LocalStore
 
 
@@ -29,7 +29,8 @@ def _lines(path) -> list[dict]:
 
 def test_export_each_format(fleet_env, tmp_path, r):
     store = _job(fleet_env)
-    shards = [pq.read_table(p) for p in sorted((store.root / "jobs/ex/data").glob("*.parquet"))]
+    folder = store.root / committed_prefix(store, "ex")
+    shards = [pq.read_table(p) for p in sorted(folder.glob("*.parquet"))]
     assert len(shards) == 3
     expected = pa.concat_tables(shards)
     outs = {fmt: tmp_path / "out" / f"ex.{fmt}" for fmt in ("parquet", "jsonl", "openai-batch")}
@@ -60,9 +61,15 @@ def test_export_each_format(fleet_env, tmp_path, r):
     assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}
     assert text["response"]["body"]["object"] == "text_completion"
     assert text["response"]["body"]["choices"][0]["text"] == "answer to p1"
-    assert failed["response"] is None
-    assert failed["error"] == {"code": "generation_failed", "message": "engine said no"}
-    assert quarantined["error"]["code"] == "quarantined"
+    # Per-request failures sit in the response, as in OpenAI's batch output; error is null.
+    assert failed["error"] is None and quarantined["error"] is None
+    assert failed["response"]["status_code"] == 500 and failed["response"]["request_id"]
+    assert failed["response"]["body"] == {"error": {
+        "message": "engine said no", "type": "server_error", "param": None,
+        "code": "generation_failed"}}
+    assert quarantined["response"]["status_code"] == 400
+    assert quarantined["response"]["body"]["error"]["code"] == "quarantined"
+    assert quarantined["response"]["body"]["error"]["type"] == "invalid_request_error"
     # Reproducible: a second export writes the same bytes.
     again = tmp_path / "again.jsonl"
     cli(fleet_env, "export", "--job", "ex", "--format", "openai-batch", "--out", str(again))
@@ -77,7 +84,7 @@ def test_export_refuses_without_a_data_set_or_with_a_damaged_shard(fleet_env, tm
     )
     assert res.returncode == 3 and "sink --job raw" in res.stderr
     store = _job(fleet_env, "bad")
-    shard = store.root / "jobs/bad/data/part-00001.parquet"
+    shard = store.root / committed_prefix(store, "bad") / "part-00001.parquet"
     shard.write_bytes(shard.read_bytes()[:-1] + b"X")
     out = tmp_path / "bad.parquet"
     res = cli(fleet_env, "export", "--job", "bad", "--format", "parquet", "--out", str(out))

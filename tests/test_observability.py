@@ -184,7 +184,7 @@ def test_progress_recorder_counts_each_kind_once_and_reports_progress(r, redis_s
     kinds = {k.decode(): int(v) for k, v in r.hgetall(node_prompts_key(NODE)).items()}
     assert kinds == {"ok": 2, "truncated": 1, "failed": 1, "quarantined": 1}
     c = jobstate.counters(r, "obs")
-    assert (c["completed"], c["failed"], c["truncated"], c["output_tokens"]) == (3, 2, 1, 30)
+    assert (c["completed"], c["failed"], c["truncated"], c["output_tokens"]) == (3, 1, 1, 30)
     assert int(r.hget(jobstate.Keys("obs").stats, "quarantined")) == 1
     assert seen == [(5, 30), (1, 10)]
 

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
+from config.launch_profile import load_profile
 from producer.reuse import apply_reuse
 from tests.conftest import run_producer, write_prompts
-from tests.test_sink import cli, local_root, make_job, prompt_rows, write_results
+from tests.test_sink import cli, digest_of, local_root, make_job, prompt_rows, write_results
 from workers import jobstate
-from workers.jobs import PromptRow, SamplingSpec, decode_rows, load_spec, result_key
+from workers.errors import JobError
+from workers.jobs import (
+    PromptRow,
+    SamplingSpec,
+    decode_rows,
+    encode_rows,
+    load_spec,
+    result_key,
+)
+from workers.manifest import launch_digest
 from workers.store import LocalStore
 
 
@@ -104,7 +115,7 @@ def test_reuse_needs_same_sampling_and_profile_and_matches_repeats_once(tmp_path
         sampling=SamplingSpec(max_new_tokens=64, temperature=0.7),
     )
     assert apply_reuse(store, r, hot, "src", "qwen36-27b").rows == 0
-    assert apply_reuse(store, r, new, "src", "other-profile").rows == 0
+    assert apply_reuse(store, r, new, "src", "qwen36-27b-baseline").rows == 0
     whole = make_job(
         store,
         "whole",
@@ -116,3 +127,21 @@ def test_reuse_needs_same_sampling_and_profile_and_matches_repeats_once(tmp_path
     stored = decode_rows(store.get(result_key("whole", 0)))
     assert [x["status"] for x in stored] == ["ok", "failed"]
     assert stored[1]["error"].startswith("line 5")
+
+
+def test_reuse_matches_the_launch_digest_not_the_profile_name(tmp_path, r):
+    """Rows from workers whose engine ran an edited ``qwen36-27b`` are not this producer's."""
+    store = LocalStore(tmp_path / "store")
+    rows = prompt_rows(4)
+    src = make_job(store, "src", rows, batch_size=10, fail=lambda i: False)
+    edited = load_profile("qwen36-27b").with_flags("qwen36-27b", context_length=4096)
+    assert edited.name == "qwen36-27b" and launch_digest(edited) != digest_of("qwen36-27b")
+    stored = decode_rows(store.get(result_key("src", 0)))
+    store.put(result_key("src", 0), encode_rows(
+        [x | {"launch_digest": launch_digest(edited)} for x in stored], compress=False))
+    dst = make_job(store, "dst", rows, batch_size=10, missing=(0,))
+    assert apply_reuse(store, r, dst, "src", "qwen36-27b").rows == 0
+    write_results(store, src, 0)  # rows of engines launched as the profile on disk says
+    assert apply_reuse(store, r, dst, "src", "qwen36-27b").rows == len(rows)
+    with pytest.raises(JobError, match="launch profile 'nope' not found"):
+        apply_reuse(store, r, dst, "src", "nope")

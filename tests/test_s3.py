@@ -14,7 +14,7 @@ from pyarrow import fs
 
 from config.settings import S3Settings
 from tests.conftest import run_producer, write_prompts
-from tests.test_sink import cli, wait_job
+from tests.test_sink import cli, digest_of, wait_job
 from workers.errors import StoreError
 from workers.jobs import decode_rows, result_key
 from workers.manifest import manifest_key, success_key
@@ -150,8 +150,9 @@ def test_job_through_s3_sink_export_and_reuse(s3_env, make_workers, tmp_path, r)
     assert [s["rows"] for s in manifest["shards"]] == [60, 60] and manifest["complete"]
     assert success_key("s3job") in first
 
-    root = f"{bucket_of(s3_env)}/runs/jobs/s3job/data/"
-    table = pq.read_table(root, filesystem=_s3fs(s3_env))  # the one-line load, from S3
+    url = cli(s3_env, "dataset-path", "--job", "s3job").stdout.strip()
+    assert url == f"s3://{bucket_of(s3_env)}/runs/{manifest['data_prefix']}"
+    table = pq.read_table(url.removeprefix("s3://"), filesystem=_s3fs(s3_env))  # one-line load
     assert table.num_rows == 120 and table.column("index").to_pylist() == list(range(120))
     assert table.column("id").to_pylist() == [f"p{i}" for i in range(120)]
     assert set(table.column("status").to_pylist()) == {"ok"}
@@ -197,6 +198,8 @@ def test_job_through_s3_sink_export_and_reuse(s3_env, make_workers, tmp_path, r)
     rows = [x for b in range(5) for x in decode_rows(store.get(result_key("again", b)))]
     assert [x["index"] for x in rows] == list(range(100))
     assert [x.get("reused_from") for x in rows] == ["s3job"] * 70 + [None] * 30
+    # Every row records its engine's launch digest: the worker's profile, as on disk.
+    assert {x["launch_digest"] for x in old.values()} == {digest_of("qwen36-27b")}
     assert all(
         x["completion"] == old[x["index"]]["completion"]
         and x["latency_s"] == old[x["index"]]["latency_s"]

@@ -15,6 +15,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from config.launch_profile import ProfileError, load_profile
 from producer.enqueue import EnqueueReport, stage
 from producer.localfleet import stop_process
 from tests.conftest import ROOT, run_producer, write_prompts
@@ -28,7 +29,13 @@ from workers.jobs import (
     result_key,
     save_spec,
 )
-from workers.manifest import SCHEMA, manifest_key, success_key
+from workers.manifest import (
+    SCHEMA,
+    committed_prefix,
+    launch_digest,
+    manifest_key,
+    success_key,
+)
 from workers.retry import RetryPolicy
 from workers.sink import ShardLimits, aggregate
 from workers.store import LocalStore, Store
@@ -106,7 +113,16 @@ def fake_result(
         "profile": profile,
         "gpu": batch % 2,
         "node": f"gpu{batch % 2}@test",
+        "launch_digest": digest_of(profile),
     }
+
+
+def digest_of(profile: str) -> str | None:
+    """The launch digest a worker running ``profile`` (as on disk) records, if it exists."""
+    try:
+        return launch_digest(load_profile(profile))
+    except ProfileError:
+        return None
 
 
 def make_job(
@@ -132,6 +148,7 @@ def make_job(
         input_fingerprint=fingerprint,
         sampling=sampling or SamplingSpec(max_new_tokens=64),
         created_at=1_700_000_000.0,
+        input_sha256=report.batch_sha256,
     )
     save_spec(store, spec)
     for b in range(n):
@@ -165,6 +182,11 @@ def job_files(store: LocalStore, job: str) -> dict[str, bytes]:
     return {k: store.get(k) for k in keys}
 
 
+def by_name(files: dict[str, bytes]) -> dict[str, bytes]:
+    """Shard objects by file name (the version prefix differs between stores)."""
+    return {k.rsplit("/", 1)[-1]: v for k, v in files.items()}
+
+
 @pytest.fixture()
 def store(tmp_path: Path) -> LocalStore:
     """An empty local store."""
@@ -178,7 +200,8 @@ def test_shards_hold_every_row_once_sorted_and_cut_at_batch_boundaries(store):
     manifest = orjson.loads(store.get(manifest_key("j1")))
     all_indices = []
     for n, shard in enumerate(manifest["shards"]):
-        assert shard["key"] == f"jobs/j1/data/part-{n:05d}.parquet"
+        assert shard["key"] == f"{manifest['data_prefix']}part-{n:05d}.parquet"
+        assert manifest["data_prefix"] == f"jobs/j1/data/{manifest['version']}/"
         data = store.get(shard["key"])
         assert (len(data), hashlib.sha256(data).hexdigest()) == (shard["bytes"], shard["sha256"])
         table = pq.read_table(store.root / shard["key"])
@@ -209,7 +232,7 @@ def test_failed_rows_stay_in_the_data_set_and_are_counted(store):
     rows[8] = PromptRow(index=8, id="p8", error="line 9: no 'prompt' or 'messages'")
     make_job(store, "j2", rows, batch_size=25)
     summary = aggregate(store, "j2", ShardLimits())
-    table = pq.read_table(store.root / "jobs/j2/data/part-00000.parquet")
+    table = pq.read_table(store.root / committed_prefix(store, "j2"))
     failed = [r for r in table.to_pylist() if r["status"] == "failed"]
     assert {r["index"] for r in failed} == {5, 8, 16, 27, 38, 49}
     assert all(r["error"] and r["completion"] is None for r in failed)
@@ -234,7 +257,7 @@ def test_aggregating_twice_writes_identical_bytes_and_drops_stale_shards(store):
     assert job_files(store, "j3") == first and len(first) == 4 + 2
     aggregate(store, "j3", ShardLimits(rows=1000))  # fewer, larger shards now
     assert sorted(k for k in job_files(store, "j3") if "/data/" in k) == [
-        "jobs/j3/data/part-00000.parquet"
+        f"{committed_prefix(store, 'j3')}part-00000.parquet"
     ]
 
 
@@ -301,8 +324,8 @@ def test_store_errors_are_retried_and_change_no_byte(store, tmp_path):
     manifest = orjson.loads(again.pop(manifest_key("j7")))
     expected = orjson.loads(clean.pop(manifest_key("j7")))
     assert again.pop(success_key("j7")) and clean.pop(success_key("j7"))
-    assert again == clean  # the shards, byte for byte
-    assert manifest["shards"] == expected["shards"] and manifest["counts"] == expected["counts"]
+    assert by_name(again) == by_name(clean)  # the shards, byte for byte (other versions)
+    assert manifest["digest"] == expected["digest"] and manifest["counts"] == expected["counts"]
 
 
 def test_finished_at_is_kept_while_the_data_set_is_unchanged(store):

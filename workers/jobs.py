@@ -1,6 +1,6 @@
 """Jobs in the store: the job record, the staged batch inputs and the per-batch results.
 
-The store is the source of truth (design-notes §4): it holds what a job is, what each batch
+The store is the source of truth: it holds what a job is, what each batch
 must generate and what each batch produced. Redis holds only queues, leases and live counters,
 so ``enqueue`` can always rebuild the queue from the store.
 
@@ -14,8 +14,10 @@ Layout under the store root::
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
 import time
+import zlib
 from typing import Any
 
 import orjson
@@ -47,6 +49,8 @@ class JobSpec(BaseModel):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     bad_rows: int = 0
     created_at: float = Field(default_factory=time.time)
+    # sha256 of each staged batch's uncompressed JSONL (empty for jobs staged before it).
+    input_sha256: list[str] = Field(default_factory=list)
 
     def batch_range(self, batch: int) -> range:
         """Row indices that batch ``batch`` covers."""
@@ -94,6 +98,14 @@ def results_prefix(job: str) -> str:
     return f"jobs/{job}/results/"
 
 
+def batch_of_input_key(key: str) -> int:
+    """Batch number of a staged-input key."""
+    m = re.search(r"/inputs/b(\d{6})\.jsonl\.gz$", key)
+    if not m:
+        raise ValueError(f"not a staged-input key: {key}")
+    return int(m.group(1))
+
+
 def batch_of_result_key(key: str) -> int | None:
     """Batch number of a result key, or None for other objects."""
     m = re.search(r"/results/b(\d{6})\.jsonl$", key)
@@ -124,10 +136,25 @@ def compress_rows(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=1)
 
 
+def uncompressed(data: bytes) -> bytes:
+    """JSONL bytes of a stored object (gzip detected by its magic bytes); JobError if the
+    gzip stream is damaged."""
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise JobError(f"damaged gzip data: {exc}") from exc
+
+
+def staged_sha256(jsonl: bytes) -> str:
+    """sha256 of a staged batch, over its uncompressed JSONL (gzip headers carry a time)."""
+    return hashlib.sha256(jsonl).hexdigest()
+
+
 def decode_rows(data: bytes) -> list[dict[str, Any]]:
     """Rows of a JSONL object (gzip detected by its magic bytes)."""
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    data = uncompressed(data)
     return [orjson.loads(line) for line in data.splitlines() if line.strip()]
 
 
@@ -138,3 +165,27 @@ def load_batch_input(store: Store, job: str, batch: int) -> list[PromptRow]:
     except ObjectMissing as exc:
         raise JobError(f"staged input of {job} batch {batch} is missing") from exc
     return [PromptRow.model_validate(r) for r in decode_rows(raw)]
+
+
+def load_checked_input(store: Store, spec: JobSpec, batch: int) -> list[PromptRow]:
+    """The staged prompts of one batch, checked against the job record: the sha256 ``enqueue``
+    recorded, and exactly the indices of the batch's range. JobError (re-run ``enqueue`` to
+    re-stage it) when the object is missing, damaged or not this batch's."""
+    where = f"staged input of {spec.name} batch {batch}"
+    try:
+        data = uncompressed(store.get(input_key(spec.name, batch)))
+    except ObjectMissing as exc:
+        raise JobError(f"{where} is missing; re-run enqueue to stage it") from exc
+    except JobError as exc:
+        raise JobError(f"{where} is corrupt ({exc}); re-run enqueue to re-stage it") from exc
+    if batch < len(spec.input_sha256) and staged_sha256(data) != spec.input_sha256[batch]:
+        raise JobError(f"{where} is corrupt (sha256 differs from the job record); re-run "
+                       "enqueue to re-stage it")
+    try:
+        rows = [PromptRow.model_validate_json(line) for line in data.splitlines() if line.strip()]
+    except ValueError as exc:
+        raise JobError(f"{where} is corrupt ({str(exc).splitlines()[0]})") from exc
+    if [r.index for r in rows] != list(spec.batch_range(batch)):
+        raise JobError(f"{where} does not hold the batch's indices "
+                       f"{spec.batch_range(batch).start}..{spec.batch_range(batch).stop - 1}")
+    return rows

@@ -12,7 +12,8 @@ Keys (``{j}`` = job name)::
     fleet:job:{j}                 hash: spec (JSON), started_at
     fleet:job:{j}:owner:{b}       the fencing token of the run that owns batch b (expires)
     fleet:job:{j}:done            set of batches whose results were stored (a cache of the store)
-    fleet:job:{j}:stats           hash: completed, failed, quarantined, truncated, output_tokens
+    fleet:job:{j}:stats           hash: completed, failed, quarantined (disjoint), truncated,
+                                  output_tokens
     fleet:job:{j}:bstats          hash "b|field" -> what batch b adds to stats
     fleet:job:{j}:child_deaths    hash batch -> pool processes that died running it
     fleet:job:{j}:prog:{b}        hash row index -> result row (JSON), progress of batch b
@@ -54,8 +55,7 @@ for i = 5, #ARGV, 4 do
     local kind = ARGV[i + 2]
     local tok = tonumber(ARGV[i + 3])
     if kind == 'failed' or kind == 'quarantined' then
-      bump('failed', 1)
-      if kind == 'quarantined' then bump('quarantined', 1) end
+      bump(kind, 1)
     else
       bump('completed', 1)
       if kind == 'truncated' then bump('truncated', 1) end
@@ -146,15 +146,15 @@ def register_job(r: redis.Redis, job: str, spec_json: str) -> None:
 
 
 def batch_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """What stored rows add to the job's counters (quarantined rows count as failed too)."""
+    """What stored rows add to the job's counters (failed and quarantined are disjoint, as in
+    ``verify`` and the manifest)."""
     from workers.manifest import row_bucket  # pyarrow: kept off the status command's imports
 
     out = dict.fromkeys(COUNT_FIELDS, 0)
     for row in rows:
         kind = row_bucket(row)
         if kind in ("failed", "quarantined"):
-            out["failed"] += 1
-            out["quarantined"] += kind == "quarantined"
+            out[kind] += 1
         else:
             out["completed"] += 1
             out["truncated"] += kind == "truncated"

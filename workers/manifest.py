@@ -2,13 +2,19 @@
 
 Layout under the job's root (``jobs/<job>/``)::
 
-    data/part-00000.parquet   shards: one row per prompt, sorted by index, zstd
-    manifest.json             job parameters, shards (rows, index range, bytes, sha256), counts
-    _SUCCESS                  sha256 of manifest.json; present only when verify passed
+    data/<version>/part-00000.parquet   shards of one sink run: one row per prompt, by index
+    manifest.json     the commit point: names the version, its shards (rows, index range,
+                      bytes, sha256), job parameters and counts
+    _SUCCESS          sha256 of manifest.json; present only when that data set is complete
+
+Each sink run writes its shards under a new ``data/<version>/`` prefix; the manifest, written
+last in one atomic put, names that version, so a reader that goes through the manifest
+(:func:`committed_prefix`, ``python -m producer dataset-path``) sees one complete version,
+never shards of two runs. Earlier versions are deleted only after the new manifest is in place.
 
 Every field of the manifest is derived from the store (the job record and the batch results),
-except ``finished_at``, which is kept from the previous manifest when the shards are the same.
-Running the sink twice therefore writes byte-identical shards and manifest.
+except ``version`` and ``finished_at``; a re-run that produces the same shards keeps the
+committed version (and its manifest, byte for byte) and drops what it wrote.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from config.launch_profile import LaunchProfile
+from workers.errors import JobError
 from workers.jobs import JobSpec
 from workers.store import ObjectMissing, Store
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 
 _MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
 
@@ -49,17 +57,35 @@ SCHEMA = pa.schema([
     pa.field("gpu", pa.int16()),
     pa.field("node", pa.string()),
     pa.field("reused_from", pa.string()),
+    pa.field("launch_digest", pa.string()),
 ])
 
 
+def launch_digest(profile: LaunchProfile) -> str:
+    """Digest of an engine's effective launch: its flags and environment, not its name, so an
+    edited profile under the same name, or another profile, gives another digest."""
+    doc = {"flags": profile.flags, "env": profile.env}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
 def data_prefix(job: str) -> str:
-    """Store prefix of a job's data-set shards."""
+    """Store prefix under which every version of a job's data set lives."""
     return f"jobs/{job}/data/"
 
 
-def shard_key(job: str, n: int) -> str:
-    """Store key of shard ``n``."""
-    return f"{data_prefix(job)}part-{n:05d}.parquet"
+def version_prefix(job: str, version: str) -> str:
+    """Store prefix of one version of the data set (one sink run)."""
+    return f"{data_prefix(job)}{version}/"
+
+
+def shard_key(job: str, version: str, n: int) -> str:
+    """Store key of shard ``n`` of ``version``."""
+    return f"{version_prefix(job, version)}{shard_name(n)}"
+
+
+def shard_name(n: int) -> str:
+    """File name of shard ``n`` (the same in every version)."""
+    return f"part-{n:05d}.parquet"
 
 
 def manifest_key(job: str) -> str:
@@ -150,18 +176,22 @@ def _model_of(profile: str) -> str | None:
 
 
 def shards_digest(shards: list[ShardInfo]) -> str:
-    """sha256 over the shards' keys and hashes: equal digests mean the same data set."""
-    text = "\n".join(f"{s.key} {s.sha256}" for s in shards)
+    """sha256 over the shards' file names and hashes (not their version): equal digests mean
+    the same data set."""
+    text = "\n".join(f"{s.key.rsplit('/', 1)[-1]} {s.sha256}" for s in shards)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def build_manifest(spec: JobSpec, shards: list[ShardInfo], tally: Tally,
+def build_manifest(spec: JobSpec, version: str, shards: list[ShardInfo], tally: Tally,
                    verify: dict[str, Any], finished_at: float) -> dict[str, Any]:
-    """The manifest object (see the module docstring)."""
+    """The manifest object (see the module docstring); ``complete`` is verify's ``ok`` over
+    the rows written into ``shards``."""
     profiles = {p: {"rows": n, "model": _model_of(p)} for p, n in sorted(tally.profiles.items())}
     return {
         "format": MANIFEST_FORMAT,
         "job": spec.name,
+        "version": version,
+        "data_prefix": version_prefix(spec.name, version),
         "complete": bool(verify.get("ok")),
         "created_at": _iso(spec.created_at),
         "finished_at": _iso(finished_at),
@@ -198,3 +228,37 @@ def load_manifest(store: Store, job: str) -> dict[str, Any] | None:
         return dict(orjson.loads(store.get(manifest_key(job))))
     except ObjectMissing:
         return None
+
+
+def success_body(manifest_bytes: bytes) -> bytes:
+    """What ``_SUCCESS`` holds: the sha256 of the manifest it vouches for."""
+    return hashlib.sha256(manifest_bytes).hexdigest().encode() + b"\n"
+
+
+def committed_prefix(store: Store, job: str, allow_incomplete: bool = False) -> str:
+    """Store prefix of the committed version of the data set.
+
+    JobError when there is none yet, when the manifest is of the old flat layout, or (unless
+    ``allow_incomplete``) when the committed data set is not complete."""
+    try:
+        raw = store.get(manifest_key(job))
+    except ObjectMissing as exc:
+        raise JobError(f"job {job!r} has no data set yet; run: python -m producer sink "
+                       f"--job {job} --wait (or --local)") from exc
+    manifest = orjson.loads(raw)
+    if "data_prefix" not in manifest:
+        raise JobError(f"the data set of job {job!r} has the old layout; run the sink again")
+    if not (allow_incomplete or manifest["complete"]):
+        raise JobError(f"the data set of job {job!r} is not complete (see manifest.json "
+                       "'verify'); pass --allow-incomplete to read it anyway")
+    return str(manifest["data_prefix"])
+
+
+def location(store_url: str, key: str) -> str:
+    """Where a reader finds ``key``: a local path for a ``file://`` store, else the URL."""
+    if store_url.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        parsed = urlparse(store_url)
+        return unquote(parsed.netloc + parsed.path).rstrip("/") + "/" + key
+    return store_url.rstrip("/") + "/" + key

@@ -41,6 +41,8 @@ class BatchEnv:
     # Client concurrency fixed by the engine's launch profile (None: derive from its cap).
     profile_concurrency: int | None = None
     on_progress: ProgressHook | None = None
+    # workers.manifest.launch_digest of the engine's launch profile (from its heartbeat).
+    launch_digest: str | None = None
 
 
 def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
@@ -57,6 +59,7 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
         "latency_s": round(done.latency_s, 4) if done else None,
         "status": "ok" if done else "failed", "error": error,
         "profile": env.profile, "gpu": env.me.gpu, "node": env.me.node,
+        "launch_digest": env.launch_digest,
     }
 
 

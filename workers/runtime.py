@@ -32,6 +32,7 @@ from workers.engine import Engine, EngineSpec
 from workers.errors import EngineStartFailed
 from workers.gauges import WorkerWatch
 from workers.lease import LeaseKeeper
+from workers.manifest import launch_digest
 from workers.metrics import Exporter, FleetCollector
 from workers.retry import RetryPolicy, backoff_s
 from workers.stall import StallWatch
@@ -199,6 +200,7 @@ class WorkerRuntime:
             "engine_state": self.engine.state.value,
             "engine_pid": self.engine.pid, "engine_restarts": self.engine.restarts,
             "profile": self.engine.spec.profile.name,
+            "launch_digest": launch_digest(self.engine.spec.profile),
             "batches_running": len(worker_state.active_requests),
             "in_flight": self._in_flight(),
             "client_concurrency": self.engine.spec.profile.client_concurrency,

@@ -1,29 +1,39 @@
-"""The sink: aggregate a job's per-batch results into Parquet shards with a manifest.
+"""The sink: aggregate a job's per-batch results into a new version of its Parquet data set.
 
 Run it with ``celery -A workers worker -Q sink`` (task ``fleet.sink_job``), or in-process with
-``python -m producer sink --job NAME --local``. Batches are read in order; rows go into a
-shard sorted by index; a shard is cut at the first batch boundary where its file reaches
+``python -m producer sink --job NAME --local``; both hold the job's data-set lock
+(:mod:`workers.sinklock`) for the whole run. Batches are read in order; rows go into a shard
+sorted by index; a shard is cut at the first batch boundary where its file reaches
 ``shard_target_bytes`` or it holds ``shard_rows`` rows, so a batch is in exactly one shard.
-Each shard is written to a local temporary file, hashed and uploaded with a managed
-(multipart) transfer, then the manifest is written, and ``_SUCCESS`` last, only when
-``verify`` passes. Nothing depends on the clock or on the order results arrived in, so a
-second run writes the same bytes (see workers/manifest.py for the layout).
+
+The commit protocol (layout in workers/manifest.py):
+
+1. every shard is written under a new prefix ``data/<version>/`` (a local temporary file,
+   hashed, then uploaded with a managed, multipart transfer);
+2. ``_SUCCESS`` is removed and the manifest, naming that version, is written in one put:
+   this is the commit point;
+3. ``_SUCCESS`` is written when the rows written (not a separate read) hold every prompt
+   exactly once;
+4. only then are the other versions under ``data/`` deleted.
+
+A run killed at any step leaves the previous manifest and its version intact (before 2) or the
+new ones (after 2). A re-run that produces the same shards keeps the committed version and
+drops its own, so running the sink twice changes no byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import tempfile
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -33,44 +43,41 @@ import redis.asyncio as aioredis
 from celery import Task, current_app, shared_task
 
 from config.settings import Settings, load_settings
-from producer.verify import verify_job
 from workers import jobstate
 from workers.celery_app import SINK_QUEUE
 from workers.errors import FleetError, StoreError
-from workers.jobs import (
-    JobSpec,
-    batch_of_result_key,
-    decode_rows,
-    load_spec,
-    result_key,
-    results_prefix,
-)
+from workers.jobs import JobSpec, load_spec
 from workers.lease import LeaseKeeper, index_key
 from workers.manifest import (
     SCHEMA,
     ShardInfo,
-    Tally,
     build_manifest,
     data_prefix,
     encode_manifest,
     load_manifest,
     manifest_key,
     shard_key,
+    shard_name,
     shards_digest,
+    success_body,
     success_key,
     to_record,
+    version_prefix,
 )
 from workers.retry import RetryPolicy
-from workers.store import RetryingStore, Store, open_store, store_policy
+from workers.sinklock import LockLost, SinkLock
+from workers.store import ObjectMissing, RetryingStore, Store, open_store, store_policy
+from workers.verify import RowCheck, iter_batches, prefetched, stored_batches
 
 log = logging.getLogger(__name__)
 
 SINK_TASK = "fleet.sink_job"
-PREFETCH = 8
-LOCK_TTL_S = 3600
+LOCK_WAIT_S = 3600
 AUTO_DEDUP_S = 300
-T = TypeVar("T")
-U = TypeVar("U")
+STALE_PARTIAL_S = 24 * 3600.0
+StepHook = Callable[[str], None]
+
+__all__ = ["prefetched", "stored_batches", "aggregate", "sink_job"]
 
 
 @dataclass(frozen=True)
@@ -131,18 +138,6 @@ class ShardWriter:
         self._file.close()
 
 
-def prefetched(fn: Callable[[T], U], items: Iterable[T], window: int = PREFETCH) -> Iterator[U]:
-    """``map(fn, items)`` in order, with up to ``window`` calls running ahead in threads."""
-    with ThreadPoolExecutor(max_workers=window) as pool:
-        pending: deque[Future[U]] = deque()
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
 def _sha256_and_size(path: Path) -> tuple[str, int]:
     h, size = hashlib.sha256(), 0
     with path.open("rb") as fh:
@@ -152,11 +147,10 @@ def _sha256_and_size(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _finish(store: Store, job: str, n: int, shard: ShardWriter) -> ShardInfo:
-    """Close a shard, hash it and upload it; return its manifest entry."""
+def _finish(store: Store, job: str, key: str, shard: ShardWriter) -> ShardInfo:
+    """Close a shard, hash it and upload it under ``key``; return its manifest entry."""
     shard.close()
     sha, size = _sha256_and_size(shard.path)
-    key = shard_key(job, n)
     with shard.path.open("rb") as fh:
         store.put_stream(key, fh)
     shard.path.unlink()
@@ -166,44 +160,36 @@ def _finish(store: Store, job: str, n: int, shard: ShardWriter) -> ShardInfo:
                      last_batch=shard.batches[-1], bytes=size, sha256=sha)
 
 
-def stored_batches(store: Store, job: str) -> list[int]:
-    """Batches whose result object is in the store, in order."""
-    return sorted(b for k in store.list(results_prefix(job))
-                  if (b := batch_of_result_key(k)) is not None)
-
-
-def write_shards(store: Store, spec: JobSpec, limits: ShardLimits, tmp: Path
-                 ) -> tuple[list[ShardInfo], Tally]:
-    """Write every stored batch into shards; return the shard entries and the row counts."""
-
-    def fetch(batch: int) -> tuple[int, bytes]:
-        return batch, store.get(result_key(spec.name, batch))
-
+def write_shards(store: Store, spec: JobSpec, limits: ShardLimits, tmp: Path, version: str
+                 ) -> tuple[list[ShardInfo], RowCheck]:
+    """Write every stored batch into shards under ``version``; return the shard entries and
+    the check of exactly the rows written (duplicates and misplaced rows are left out)."""
     shards: list[ShardInfo] = []
-    tally, cur = Tally(), None
-    for batch, raw in prefetched(fetch, stored_batches(store, spec.name)):
-        rows = sorted(decode_rows(raw), key=lambda x: int(x["index"]))
+    check, cur = RowCheck(spec), None
+    for batch, raw, stored, ids in iter_batches(store, spec):
+        rows = [row for row in stored if check.accept(batch, row, ids)]
         if not rows:
             continue
-        for row in rows:
-            tally.add(row)
-        cur = cur or ShardWriter(tmp / f"part-{len(shards):05d}.parquet")
+        cur = cur or ShardWriter(tmp / shard_name(len(shards)))
         cur.add(batch, rows, len(raw))
         if cur.buffered_bytes >= limits.row_group_bytes:
             cur.flush()
         if cur.rows >= limits.rows or cur.written_bytes >= limits.target_bytes:
-            shards.append(_finish(store, spec.name, len(shards), cur))
+            shards.append(_finish(store, spec.name,
+                                  shard_key(spec.name, version, len(shards)), cur))
             cur = None
     if cur is not None:
-        shards.append(_finish(store, spec.name, len(shards), cur))
-    return shards, tally
+        shards.append(_finish(store, spec.name, shard_key(spec.name, version, len(shards)), cur))
+    return shards, check
 
 
-def _drop_stale(store: Store, job: str, keep: set[str]) -> None:
-    """Remove shards a previous run wrote that this data set no longer has."""
-    for key in store.list(data_prefix(job)):
-        if key not in keep:
-            store.delete(key)
+def new_version(previous: dict[str, Any] | None) -> str:
+    """A version name no earlier run used: the committed one's number plus one, and a nonce."""
+    seq = 0
+    if previous and isinstance(previous.get("version"), str):
+        with contextlib.suppress(ValueError):
+            seq = int(previous["version"][1:].split("-")[0])
+    return f"v{seq + 1:06d}-{uuid.uuid4().hex[:8]}"
 
 
 def _finished_at(previous: dict[str, Any] | None, shards: list[ShardInfo]) -> float:
@@ -213,28 +199,113 @@ def _finished_at(previous: dict[str, Any] | None, shards: list[ShardInfo]) -> fl
     return time.time()
 
 
+_PER_RUN = ("version", "data_prefix")
+
+
+def _same_data_set(previous: dict[str, Any] | None, manifest: dict[str, Any]) -> bool:
+    """Whether ``previous`` is ``manifest`` but for the version the shards were written under."""
+    if not previous or previous.get("format") != manifest["format"]:
+        return False
+
+    def comparable(m: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in m.items() if k not in _PER_RUN}
+        out["shards"] = [{**x, "key": x["key"].rsplit("/", 1)[-1]} for x in m["shards"]]
+        return out
+
+    return comparable(previous) == comparable(manifest)
+
+
+def _no_step(step: str) -> None:
+    """Default step hook: nothing (tests pass one that kills the run at a given step)."""
+
+
+def _delete_prefix(store: Store, prefix: str) -> None:
+    for key in store.list(prefix):
+        store.delete(key)
+
+
+def _drop_other_versions(store: Store, job: str, keep: str, lock: SinkLock | None,
+                         on_step: StepHook) -> None:
+    """After the commit: delete every object under data/ that is not in version ``keep``."""
+    if lock is not None:
+        lock.check()
+    for key in store.list(data_prefix(job)):
+        if not key.startswith(keep):
+            if lock is not None and lock.lost:
+                raise LockLost(f"lost the lock on the data set of job {job} during clean-up")
+            store.delete(key)
+            on_step("cleanup")
+
+
+def _commit(store: Store, job: str, manifest: dict[str, Any], lock: SinkLock | None,
+            on_step: StepHook) -> None:
+    """Make ``manifest`` the committed data set: ``_SUCCESS`` goes, the manifest is written
+    (the commit point), then ``_SUCCESS`` again if the data set is complete."""
+    if lock is not None:
+        lock.check()
+    data = encode_manifest(manifest)
+    store.delete(success_key(job))
+    store.put(manifest_key(job), data)
+    on_step("manifest-written")
+    if manifest["complete"]:
+        store.put(success_key(job), success_body(data))
+        on_step("success-written")
+
+
+def _ensure_success(store: Store, job: str, manifest: dict[str, Any]) -> None:
+    """``_SUCCESS`` matches the committed manifest when it is complete (a run killed between
+    the manifest and the marker is repaired here), and is absent otherwise."""
+    if not manifest["complete"]:
+        store.delete(success_key(job))
+        return
+    body = success_body(encode_manifest(manifest))
+    try:
+        if store.get(success_key(job)) == body:
+            return
+    except ObjectMissing:
+        pass
+    store.put(success_key(job), body)
+
+
 def aggregate(store: Store, job: str, limits: ShardLimits,
-              policy: RetryPolicy | None = None) -> dict[str, Any]:
-    """Write the job's shards, manifest and (if verify passes) ``_SUCCESS``; return a summary."""
+              policy: RetryPolicy | None = None, lock: SinkLock | None = None,
+              on_step: StepHook = _no_step) -> dict[str, Any]:
+    """Write a new version of the job's data set and commit it (see the module docstring);
+    return a summary. ``lock`` is checked before the commit and before deleting anything;
+    ``on_step`` is called after each step (``shards-written``, ``manifest-written``,
+    ``success-written``, ``cleanup`` per deleted object)."""
     store = RetryingStore(store, policy or RetryPolicy(max_attempts=10))
     spec = load_spec(store, job)
-    report = verify_job(store, spec)
-    store.delete(success_key(job))
+    # Leftovers of killed writers: under data/ they are a sink's (ours, under the lock); in
+    # the rest of the job only once they are old enough that no live writer owns them.
+    store.clean_partial(data_prefix(job))
+    store.clean_partial(f"jobs/{job}/", STALE_PARTIAL_S)
+    previous = load_manifest(store, job)
+    version = new_version(previous)
     with tempfile.TemporaryDirectory(prefix="fleet-sink-") as tmp:
-        shards, tally = write_shards(store, spec, limits, Path(tmp))
-    _drop_stale(store, job, {s.key for s in shards})
-    manifest = build_manifest(spec, shards, tally, report,
-                              _finished_at(load_manifest(store, job), shards))
-    data = encode_manifest(manifest)
-    store.put(manifest_key(job), data)
-    if manifest["complete"]:
-        store.put(success_key(job), hashlib.sha256(data).hexdigest().encode() + b"\n")
-    log.info("sink %s: %d rows in %d shards, complete=%s", job, manifest["totals"]["rows"],
-             len(shards), manifest["complete"])
+        shards, check = write_shards(store, spec, limits, Path(tmp), version)
+    on_step("shards-written")
+    report = check.report()
+    manifest = build_manifest(spec, version, shards, check.tally, report,
+                              _finished_at(previous, shards))
+    if previous is not None and _same_data_set(previous, manifest):
+        # Same bytes as the committed version: keep it (and its manifest), drop ours.
+        manifest = previous
+        if lock is not None:
+            lock.check()
+        _delete_prefix(store, version_prefix(job, version))
+        _ensure_success(store, job, manifest)
+    else:
+        _commit(store, job, manifest, lock, on_step)
+    _drop_other_versions(store, job, manifest["data_prefix"], lock, on_step)
+    log.info("sink %s: %d rows in %d shards (version %s), complete=%s", job,
+             manifest["totals"]["rows"], len(shards), manifest["version"], manifest["complete"])
     return {"job": job, "complete": manifest["complete"], "manifest": manifest_key(job),
+            "version": manifest["version"], "data_prefix": manifest["data_prefix"],
             "shards": len(shards), "rows": manifest["totals"]["rows"],
             "bytes": manifest["totals"]["bytes"], "counts": manifest["counts"],
-            "missing": report["missing"], "duplicates": report["duplicates"]}
+            "missing": report["missing"], "duplicates": report["duplicates"],
+            "misplaced": report["misplaced"]}
 
 
 # --- Celery side -------------------------------------------------------------------------
@@ -253,47 +324,47 @@ def set_state(r: redis.Redis, job: str, state: str, request: str | None,
     r.hset(state_key(job), mapping=fields)
 
 
-def _take_lock(r: redis.Redis, job: str, owner: str) -> bool:
-    """One sink run per job; a redelivered task (same id, its worker died) takes its lock back."""
-    lock = f"{state_key(job)}:lock"
-    if r.set(lock, owner, nx=True, ex=LOCK_TTL_S):
-        return True
-    return (r.get(lock) or b"").decode() == owner
-
-
-def _aggregate_and_record(r: redis.Redis, job: str, request: str | None) -> dict[str, Any]:
+def _aggregate_and_record(r: redis.Redis, job: str, request: str | None,
+                          lock: SinkLock) -> dict[str, Any]:
     settings = load_settings()
     store = open_store(settings.store_url, settings.s3)
     set_state(r, job, "running", request)
-    summary = aggregate(store, job, ShardLimits.from_settings(settings), store_policy(settings))
+    summary = aggregate(store, job, ShardLimits.from_settings(settings), store_policy(settings),
+                        lock=lock)
     set_state(r, job, "done", request, summary=summary)
     return summary
 
 
 @shared_task(name=SINK_TASK, bind=True, max_retries=5)
 def sink_job(self: Task, job: str, request: str | None = None) -> dict[str, Any]:
-    """Aggregate ``job`` into Parquet shards, manifest and ``_SUCCESS``."""
+    """Aggregate ``job`` into a new version of its data set and commit it."""
     r = redis.Redis.from_url(load_settings().redis_url.get_secret_value())
-    owner = str(self.request.id or request or "local")
+    # A redelivered task (same id, its worker died) takes its own lock back.
+    lock = SinkLock(r, job, str(self.request.id or request or uuid.uuid4().hex))
     try:
-        if not _take_lock(r, job, owner):
-            # Another run of this job is writing: come back when it is done.
-            raise self.retry(countdown=30, max_retries=LOCK_TTL_S // 30)
+        if not lock.try_acquire():
+            # Another run of this job (or requeue-failed) is writing: come back later.
+            raise self.retry(countdown=30, max_retries=LOCK_WAIT_S // 30)
         try:
-            return _aggregate_and_record(r, job, request)
+            return _aggregate_and_record(r, job, request, lock)
         except StoreError as exc:  # transient: a few spaced retries
             if self.request.retries < (self.max_retries or 0):
                 set_state(r, job, "retrying", request, error=str(exc))
                 raise self.retry(exc=exc, countdown=15) from exc
             set_state(r, job, "failed", request, error=str(exc))
             raise
-        except Exception as exc:  # JobError and anything unexpected: say so, then fail
+        except Exception as exc:  # JobError, LockLost and anything unexpected: say so, fail
             set_state(r, job, "failed", request, error=f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            r.delete(f"{state_key(job)}:lock")
+            lock.release()
     finally:
         r.close()
+
+
+def reset_auto_trigger(r: redis.Redis, job: str) -> None:
+    """Forget that the sink was triggered automatically, so the next last batch triggers it."""
+    r.delete(_auto_key(job))
 
 
 def start_lease_keeper(app: Any) -> LeaseKeeper:

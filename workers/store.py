@@ -2,7 +2,12 @@
 
 Keys are relative, ``/``-separated paths (``jobs/<job>/results/b000012.jsonl``). Writes are
 write-then-commit: a reader never sees half an object (a rename locally; S3 makes an object
-visible only when its upload completes). Errors from the OS or botocore become StoreError here.
+visible only when its upload completes). Errors from the OS, botocore, boto3 and s3transfer
+become StoreError here; an access denial becomes StoreDenied, which is never retried.
+
+What a killed writer leaves behind (a local ``.tmp-*`` file, an S3 multipart upload whose parts
+are billed but invisible) is removed by :meth:`Store.clean_partial`, which the sink calls at its
+start. On S3, add a lifecycle rule as well (README, "S3"): it also covers the other writers.
 """
 
 from __future__ import annotations
@@ -25,10 +30,27 @@ from workers.retry import RetryPolicy, backoff_s
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Objects are readable by other users (a host reading what a container wrote), as a plain
+# open() with the usual umask 022 would make them; mkstemp alone makes them 0600.
+FILE_MODE = 0o644
+TMP_PREFIX = ".tmp-"
 
 
 class ObjectMissing(StoreError):
     """The key does not exist in the store."""
+
+
+class StoreDenied(StoreError):
+    """The store refused access (HTTP 403): retrying does not help, so nothing retries it."""
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so a rename or a new entry in it survives a power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Store(Protocol):
@@ -57,6 +79,10 @@ class Store(Protocol):
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error when absent)."""
 
+    def clean_partial(self, prefix: str, older_than_s: float = 0.0) -> int:
+        """Remove what killed writers left under ``prefix`` (temporary files, unfinished
+        multipart uploads) started at least ``older_than_s`` ago; return how many."""
+
 
 class LocalStore:
     """A folder on the local disk (``file:///abs/path``)."""
@@ -83,14 +109,19 @@ class LocalStore:
         path = self._path(key)
         tmp = None
         try:
+            new_dir = not path.parent.is_dir()
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
             with os.fdopen(fd, "wb") as fh:
                 shutil.copyfileobj(src, fh, 8 * 2**20)
                 fh.flush()
+                os.fchmod(fh.fileno(), FILE_MODE)
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
             tmp = None
+            fsync_dir(path.parent)  # the rename itself is durable only once its folder is
+            if new_dir:
+                fsync_dir(path.parent.parent)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc}") from exc
         finally:
@@ -128,13 +159,26 @@ class LocalStore:
         keys = (
             p.relative_to(self.root).as_posix()
             for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")
+            if p.is_file() and not p.name.startswith(TMP_PREFIX)
         )
         return iter(sorted(keys))
 
     def delete(self, key: str) -> None:
         """Remove an object if present."""
         self._path(key).unlink(missing_ok=True)
+
+    def clean_partial(self, prefix: str, older_than_s: float = 0.0) -> int:
+        """Remove ``.tmp-*`` files under ``prefix`` last written ``older_than_s`` ago or more."""
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return 0
+        cutoff, n = time.time() - older_than_s, 0
+        for p in base.rglob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(FileNotFoundError):
+                if p.is_file() and p.stat().st_mtime <= cutoff:
+                    p.unlink()
+                    n += 1
+        return n
 
 
 class S3Store:
@@ -208,21 +252,47 @@ class S3Store:
         with _boto_errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def clean_partial(self, prefix: str, older_than_s: float = 0.0) -> int:
+        """Abort the multipart uploads under ``prefix`` initiated ``older_than_s`` ago or more
+        (a killed process leaves their parts stored and billed, but never visible)."""
+        cutoff, n = time.time() - older_than_s, 0
+        with _boto_errors("list uploads under", prefix):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix))
+            stale = [u for page in pages for u in page.get("Uploads", [])
+                     if u["Initiated"].timestamp() <= cutoff]
+        for upload in stale:
+            with _boto_errors("abort upload of", upload["Key"]):
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                    UploadId=upload["UploadId"])
+            n += 1
+        return n
+
 
 @contextlib.contextmanager
 def _boto_errors(verb: str, key: str) -> Iterator[None]:
-    """Translate botocore errors at the boundary: a missing key -> ObjectMissing, else
-    StoreError (retried by the caller's policy)."""
+    """Translate errors at the boundary: a missing key -> ObjectMissing, a 403 -> StoreDenied,
+    anything else from botocore, boto3's and s3transfer's managed transfers (which raise their
+    own classes, e.g. s3transfer's RetriesExceededError for a download cut off too often) or
+    the OS -> StoreError (retried by the caller's policy)."""
+    from boto3.exceptions import Boto3Error
     from botocore.exceptions import BotoCoreError, ClientError
+    from s3transfer import exceptions as transfer
 
     try:
         yield
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("NoSuchKey", "404", "NotFound"):
             raise ObjectMissing(key) from exc
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise StoreDenied(f"cannot {verb} {key}: access denied ({code}); the credentials "
+                              "need s3:GetObject, s3:PutObject, s3:DeleteObject and "
+                              "s3:ListBucket (without it a missing key is a 403 too)") from exc
         raise StoreError(f"cannot {verb} {key}: {exc}") from exc
-    except BotoCoreError as exc:
-        raise StoreError(f"cannot {verb} {key}: {exc}") from exc
+    except (BotoCoreError, Boto3Error, transfer.RetriesExceededError,
+            transfer.S3DownloadFailedError, transfer.S3UploadFailedError, OSError) as exc:
+        raise StoreError(f"cannot {verb} {key}: {type(exc).__name__}: {exc}") from exc
 
 
 def store_policy(settings: Settings) -> RetryPolicy:
@@ -231,7 +301,8 @@ def store_policy(settings: Settings) -> RetryPolicy:
 
 
 class RetryingStore:
-    """A store whose calls are retried with backoff on StoreError (never on ObjectMissing)."""
+    """A store whose calls are retried with backoff on StoreError (never on ObjectMissing or
+    StoreDenied)."""
 
     def __init__(self, inner: Store, policy: RetryPolicy,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -246,7 +317,7 @@ class RetryingStore:
         for attempt in range(1, self.policy.max_attempts + 1):
             try:
                 return op()
-            except ObjectMissing:
+            except (ObjectMissing, StoreDenied):
                 raise
             except StoreError as exc:
                 if attempt == self.policy.max_attempts:
@@ -296,6 +367,11 @@ class RetryingStore:
     def delete(self, key: str) -> None:
         """Delete, retried."""
         self._call(f"delete {key}", lambda: self.inner.delete(key))
+
+    def clean_partial(self, prefix: str, older_than_s: float = 0.0) -> int:
+        """Remove what killed writers left, retried."""
+        return self._call(f"clean {prefix}",
+                          lambda: self.inner.clean_partial(prefix, older_than_s))
 
 
 def open_store(url: str, s3: S3Settings | None = None) -> Store:

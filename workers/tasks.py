@@ -29,7 +29,7 @@ from workers.delivery.ownership import ClaimLapsed, LostOwnership, Ownership
 from workers.errors import JobError
 from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
-from workers.jobs import load_batch_input, load_spec, result_key
+from workers.jobs import load_checked_input, load_spec, result_key
 from workers.progress import BatchEnv
 from workers.store import RetryingStore, Store, open_store, store_policy
 
@@ -52,10 +52,12 @@ def redis_options(settings: Settings) -> dict[str, Any]:
             "socket_keepalive": True, "health_check_interval": 10, "retry_on_timeout": True}
 
 
-def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None]:
-    """The running engine's profile name and fixed client concurrency, from its heartbeat."""
+def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None, str | None]:
+    """The running engine's profile name, fixed client concurrency and launch digest, from
+    its heartbeat."""
     data = orjson.loads(beat) if beat else {}
-    return str(data.get("profile", default)), data.get("client_concurrency")
+    return str(data.get("profile", default)), data.get("client_concurrency"), data.get(
+        "launch_digest")
 
 
 def _settle_stored(settings: Settings, store: Store, job: str, batch: int) -> None:
@@ -115,12 +117,13 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
 async def _generate(task: Task, settings: Settings, store: Store, r: aioredis.Redis,
                     spec: Any, batch: int, owner: Ownership) -> dict[str, Any]:
     me = identity()
-    rows = await asyncio.to_thread(load_batch_input, store, spec.name, batch)
-    profile, fixed = _engine_profile(await r.get(heartbeat_key(me.node)), settings.profile)
+    rows = await asyncio.to_thread(load_checked_input, store, spec, batch)
+    beat = await r.get(heartbeat_key(me.node))
+    profile, fixed, digest = _engine_profile(beat, settings.profile)
     progress = TaskProgress(task.app, task.request.id, task.request.hostname, len(rows),
                             me.gpu, settings.progress_event_interval_s)
     env = BatchEnv(settings=settings, me=me, store=store, redis=r, profile=profile,
-                   profile_concurrency=fixed, on_progress=progress)
+                   profile_concurrency=fixed, on_progress=progress, launch_digest=digest)
     summary = await BatchRunner(env, spec, batch, rows, owner).run()
     await metrics.record_batch(r, me.node, summary["seconds"])
     return summary
