@@ -12,7 +12,7 @@ import hashlib
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -195,12 +195,16 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
                 report.enqueued += 1
 
 
-def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,
+def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, job: str,
             batch_size: int | None, sampling: SamplingSpec, rows: Iterable[dict[str, Any]],
             on_batch: Callable[[int, int], None] | None = None,
             default_batch_size: int = 500,
-            before_reconcile: Callable[[JobSpec], None] | None = None) -> EnqueueReport:
-    """Record, stage and enqueue a job (or resume it); see the module docstring."""
+            before_reconcile: Callable[[JobSpec], None] | None = None,
+            dropped_keys: Mapping[str, int] | None = None) -> EnqueueReport:
+    """Record, stage and enqueue a job (or resume it); see the module docstring.
+
+    ``dropped_keys`` is filled while ``rows`` is read (producer.readers.ReadOptions.dropped).
+    """
     old = _existing_spec(store, job)
     size = batch_size or (old.batch_size if old else default_batch_size)
     if old and size != old.batch_size:
@@ -218,7 +222,8 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: st
                        "(fingerprint mismatch); use a new job name")
     spec = old or JobSpec(name=job, total=total, batch_size=size, n_batches=n,
                           input_path=str(input_path), input_fingerprint=fingerprint,
-                          sampling=sampling, bad_rows=len(report.bad_rows))
+                          sampling=sampling, bad_rows=len(report.bad_rows),
+                          dropped_keys=dict(dropped_keys or {}))
     if old is None:
         save_spec(store, spec)
     report.spec = spec
