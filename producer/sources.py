@@ -64,7 +64,7 @@ def _local(url: str) -> list[Part]:
     path = Path(url.removeprefix("file://"))
     if path.is_dir():
         files = [p for p in path.rglob("*") if p.is_file()]
-        return _only_parts(url, [(str(p), p.open) for p in files])
+        return _only_parts(url, [(str(p), (lambda p=p: p.open("rb"))) for p in files])
     if not path.exists():
         raise InputError(url, None, "no such file")
     return _single(url, path.name, lambda: path.open("rb"))
