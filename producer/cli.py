@@ -1,4 +1,5 @@
-"""``python -m producer``: enqueue a prompt data set, follow its progress, verify the results.
+"""``fleet`` (also ``python -m producer``): enqueue a prompt data set, follow its progress,
+verify the results; ``fleet tune ...`` is the tuner (workers/tune/cli.py).
 
 Each command imports what it needs when it runs (rich only to draw, Celery only where messages
 are sent): ``status --json`` is polled by scripts and pays only for settings, store and Redis.
@@ -21,6 +22,7 @@ from config.settings import Settings, load_settings
 from workers.errors import FleetError, InputError, JobError
 from workers.jobs import load_spec
 from workers.store import Store, open_store
+from workers.tune.cli import app as tune_app
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,8 +31,9 @@ RET_OK, RET_FAILED, RET_INPUT, RET_JOB, RET_CONNECT = 0, 1, 2, 3, 4
 
 cli = typer.Typer(
     help="Batch generation on a fleet of GPU workers: enqueue prompts, watch, verify.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, pretty_exceptions_enable=False,  # --install-completion: typer's
 )
+cli.add_typer(tune_app, name="tune")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -331,7 +334,7 @@ def report(
 
 
 def main() -> None:
-    """Entry point of ``python -m producer``."""
+    """Entry point of ``fleet`` and ``python -m producer``."""
     # What is imported by now lives until exit: kept out of the collector, it is not scanned
     # by every full collection, nor by the one at interpreter exit (~30 ms of status --json).
     gc.freeze()
