@@ -133,7 +133,7 @@ def enqueue(
     spec_sampling = job_sampling(max_new_tokens, temperature, top_p, sampling, chat,
                                  system_prompt, chat_template_kwargs)
     opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
-                       drop_unsupported)
+                       drop_unsupported, spec_sampling.params)
     rows = read_rows(input, opts, settings.s3)
     with render.enqueue_progress(err()) as on_batch:
         hook, reused = reuse_hook(store, r, reuse_from, settings.profile)

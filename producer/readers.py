@@ -27,7 +27,7 @@ import orjson
 from config.settings import S3Settings
 from producer.sources import Part, list_parts
 from workers.errors import InputError
-from workers.sampling_params import SamplingError, check_row_params
+from workers.sampling_params import SamplingError, check_row_params, translate
 
 # OpenAI-batch body keys that are request plumbing, not generation parameters.
 BODY_SKIP = ("messages", "prompt", "model", "stream")
@@ -44,8 +44,20 @@ class ReadOptions:
     chat: bool = False
     # --drop-unsupported-sampling: leave such keys out (counted) instead of refusing the input.
     drop_unsupported: bool = False
+    # The job's --sampling keys: checked against the chat route at the first chat row.
+    job_params: dict[str, Any] = field(default_factory=dict)
     # Row parameter keys never sent, with how many rows carried each (filled while reading).
     dropped: Counter[str] = field(default_factory=Counter)
+    _chat_checked: bool = False
+
+    def check_chat_row(self) -> None:
+        """The job's parameters must exist in a chat request too (SamplingError if not)."""
+        if not self._chat_checked:
+            try:
+                translate(self.job_params, chat=True)
+            except SamplingError as exc:  # a --sampling key: the drop flag is for rows' keys
+                raise SamplingError(exc.key, f"(--sampling) {exc.reason}") from None
+            self._chat_checked = True
 
     def columns(self) -> tuple[str, ...]:
         """Columns a Parquet reader needs."""
@@ -103,6 +115,8 @@ def normalize(obj: Any, index: int, where: str, opts: ReadOptions | None = None
     if isinstance(fields, str):
         return {"index": index, "id": rid, "error": f"{where}: {fields}"}
     row = {"index": index, "id": rid, **fields}
+    if "messages" in fields and opts.job_params:
+        opts.check_chat_row()
     if body:
         params = _params(obj["body"], opts.chat or "messages" in fields, opts)
         if params:
