@@ -57,6 +57,10 @@ def test_openai_names_map_to_sglang_keywords():
     ({"ignore_eos": 1}, False, "'ignore_eos' must be true or false", False),
     ({"json_schema": "{}"}, True, "'json_schema' has no equivalent in a chat request", True),
     ({"chat_template_kwargs": {}}, False, "applies to chat requests only", True),
+    ({"top_p": 0}, False, r"'top_p' must be in \(0, 1\], got 0", False),
+    ({"presence_penalty": 2.5}, False, r"'presence_penalty' must be in \[-2, 2\]", False),
+    ({"top_k": 0}, False, "'top_k' must be -1 \\(disable\\) or at least 1, got 0", False),
+    ({"max_tokens": -1}, True, r"'max_tokens' must be in \[0, inf\)", False),
 ])
 def test_keys_the_engine_refuses_are_named(params, chat, match, droppable):
     with pytest.raises(SamplingError, match=match) as info:

@@ -1,11 +1,13 @@
 """The sampling parameters an SGLang engine accepts, and OpenAI's names mapped onto them.
 
-``POST /generate`` builds ``SamplingParams(**sampling_params)``: SGLang 0.5.10.post1 and 0.5.11,
-``python/sglang/srt/sampling/sampling_params.py``, ``SamplingParams.__init__`` (0.5.23 makes it a
-``msgspec.Struct`` with the same keywords plus ``beam_width`` and ``watermark``). Any other key
-is a TypeError the handler does not catch, so the engine answers a bare 500 for every prompt
-that carries it. ``SAMPLING_PARAMS`` is that keyword list (the keys every version of the
-supported range accepts) with the type each value must have.
+``POST /generate`` builds ``SamplingParams(**sampling_params)`` and calls its ``verify()``
+(``srt/managers/tokenizer_manager.py``, ``TokenizerManager._create_tokenized_object``, in
+0.5.10.post1 and 0.5.23 alike). The keywords are those of ``SamplingParams.__init__`` in
+``srt/sampling/sampling_params.py`` (0.5.10.post1, 0.5.11; 0.5.23 makes it a ``msgspec.Struct``
+with the same fields plus ``beam_width`` and ``watermark``). Any other key is a TypeError the
+handler does not catch, so the engine answers a bare 500 for every prompt that carries it.
+``SAMPLING_PARAMS`` is that keyword list (the keys every version of the supported range
+accepts) with the type each value must have, and ``RANGES`` the bounds ``verify()`` enforces.
 
 ``/v1/chat/completions`` takes OpenAI's names instead (``ChatCompletionRequest`` in
 ``srt/entrypoints/openai/protocol.py``; ``to_sampling_params`` maps ``seed`` to
@@ -104,6 +106,17 @@ SAMPLING_PARAMS: dict[str, Param] = {
     "logit_bias": Param(_bias, "an object of numbers", True),
     "sampling_seed": OPT_INT,
 }
+# SamplingParams.verify (0.5.10.post1): (low, high, low inclusive, high inclusive).
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "temperature": (0.0, float("inf"), True, False),
+    "top_p": (0.0, 1.0, False, True),
+    "min_p": (0.0, 1.0, True, True),
+    "frequency_penalty": (-2.0, 2.0, True, True),
+    "presence_penalty": (-2.0, 2.0, True, True),
+    "repetition_penalty": (0.0, 2.0, False, True),
+    "min_new_tokens": (0, float("inf"), True, False),
+    "max_new_tokens": (0, float("inf"), True, False),
+}
 # OpenAI names of the same parameters (protocol.py, ChatCompletionRequest.to_sampling_params).
 OPENAI_NAMES = {
     "seed": "sampling_seed",
@@ -156,6 +169,23 @@ def _check_type(key: str, value: Any, param: Param) -> None:
         raise SamplingError(key, f"must be {param.kind}, got {value!r}")
 
 
+def _check_range(key: str, name: str, value: Any) -> None:
+    """The bounds of SamplingParams.verify (a ValueError there, answered 400 per prompt)."""
+    if value is None:
+        return
+    if name == "top_k":
+        if value != -1 and value < 1:
+            raise SamplingError(key, f"must be -1 (disable) or at least 1, got {value}")
+        return
+    if name not in RANGES:
+        return
+    low, high, low_in, high_in = RANGES[name]
+    if not ((low <= value if low_in else low < value) and
+            (value <= high if high_in else value < high)):
+        left, right = "[" if low_in else "(", "]" if high_in else ")"
+        raise SamplingError(key, f"must be in {left}{low:g}, {high:g}{right}, got {value}")
+
+
 def _logprobs(key: str, value: Any, out: Translated) -> None:
     """OpenAI's logprobs (a bool for chat, a count for completions) and top_logprobs."""
     if not (value is None or _int(value) or _bool(value)):
@@ -176,6 +206,7 @@ def _sampling_key(key: str, value: Any, chat: bool, out: Translated) -> None:
     if chat and name in NOT_IN_CHAT:
         raise SamplingError(key, "has no equivalent in a chat request", droppable=True)
     _check_type(key, value, SAMPLING_PARAMS[name])
+    _check_range(key, name, value)
     if name == "n":
         if value != 1:
             raise SamplingError(key, f"is {value}: the fleet keeps one answer per prompt, so "
