@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,14 @@ PLAN = ["plan", "--profile", "qwen36-27b-baseline", "--gpus", "7", "--prompts", 
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """The package installed from the source tree into a fresh folder (not editable), its
     dependencies taken from this environment; commands run outside the source tree."""
-    target = tmp_path_factory.mktemp("install")
+    target, src = tmp_path_factory.mktemp("install"), tmp_path_factory.mktemp("src")
+    # From a copy: setuptools builds in the source folder (build/), never in the checkout.
+    for name in ("producer", "workers", "config"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(target), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(target), str(src)], check=True, capture_output=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env["PYTHONPATH"] = str(target)
     return target, env
