@@ -120,7 +120,7 @@ def enqueue(
     """Stage INPUT in the store and enqueue every batch that is neither done nor pending."""
     from producer import render
     from producer.enqueue import enqueue as enqueue_job
-    from producer.options import dropped_note, job_sampling
+    from producer.options import dropped_note, job_sampling, resumed_sampling
     from producer.readers import ReadOptions, read_rows
     from producer.reuse import reuse_hook
     from workers import app
@@ -130,10 +130,11 @@ def enqueue(
     settings = load_settings()
     store, r = _open(settings)
     check_job_name(job)
-    spec_sampling = job_sampling(max_new_tokens, temperature, top_p, sampling, chat,
-                                 system_prompt, chat_template_kwargs)
+    spec_sampling = resumed_sampling(store, job, job_sampling(
+        max_new_tokens, temperature, top_p, sampling, chat, system_prompt, chat_template_kwargs,
+        drop_unsupported))
     opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
-                       drop_unsupported, spec_sampling.params)
+                       spec_sampling.drop_unsupported, spec_sampling.params)
     rows = read_rows(input, opts, settings.s3)
     with render.enqueue_progress(err()) as on_batch:
         hook, reused = reuse_hook(store, r, reuse_from, settings.profile)

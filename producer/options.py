@@ -6,9 +6,10 @@ from typing import Any
 
 import orjson
 
-from workers.errors import InputError
-from workers.jobs import SamplingSpec
+from workers.errors import InputError, JobError
+from workers.jobs import SamplingSpec, load_spec
 from workers.sampling_params import SamplingError, job_params, translate
+from workers.store import Store
 
 NAMED = ("max_new_tokens", "temperature", "top_p")
 
@@ -39,7 +40,8 @@ def _merge_named(named: dict[str, Any], params: dict[str, Any]) -> None:
 
 def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: float | None,
                  sampling: list[str] | None, chat: bool, system_prompt: str | None,
-                 chat_template_kwargs: str | None) -> SamplingSpec:
+                 chat_template_kwargs: str | None, drop_unsupported: bool = False
+                 ) -> SamplingSpec:
     """The job's SamplingSpec from the command line; InputError names a refused flag value.
 
     ``--system-prompt`` and ``--chat-template-kwargs`` only exist in chat requests, so they
@@ -56,7 +58,18 @@ def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: f
                              "top_p": top_p}
     _merge_named(named, params)
     return SamplingSpec(**named, params=params, chat=chat, system_prompt=system_prompt,
-                        chat_template_kwargs=kwargs)
+                        chat_template_kwargs=kwargs, drop_unsupported=drop_unsupported)
+
+
+def resumed_sampling(store: Store, job: str, given: SamplingSpec) -> SamplingSpec:
+    """The recorded options of an existing job when none are given (a plain re-run resumes
+    it, and its input must read as it did when the job was created)."""
+    if given != SamplingSpec():
+        return given
+    try:
+        return load_spec(store, job).sampling
+    except JobError:
+        return given
 
 
 def dropped_note(dropped: dict[str, int]) -> str | None:

@@ -221,7 +221,7 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
     assert spec.sampling.model_dump() == {
         "max_new_tokens": None, "temperature": None, "top_p": None, "params": {"top_k": 20},
         "chat": True, "system_prompt": "Be brief.",
-        "chat_template_kwargs": {"enable_thinking": False}}
+        "chat_template_kwargs": {"enable_thinking": False}, "drop_unsupported": False}
 
 
 def test_a_job_key_a_chat_request_cannot_carry_is_refused_at_the_first_chat_row(tmp_path):
@@ -232,3 +232,18 @@ def test_a_job_key_a_chat_request_cannot_carry_is_refused_at_the_first_chat_row(
                                          r"has no equivalent in a chat request$"):
         list(read_rows(src, opts))
     assert list(read_rows(src, ReadOptions(job_params={"top_k": 5})))[1]["messages"]
+
+
+def test_a_plain_rerun_resumes_with_the_recorded_options(fleet_env, tmp_path, r):
+    src = _jsonl(tmp_path / "in.jsonl", [
+        _batch_line("a", prompt="p", chat_template_kwargs={"enable_thinking": True}),
+        _batch_line("b", prompt="q", echo=True)])
+    first = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--chat",
+                         "--drop-unsupported-sampling")
+    assert first.returncode == 0, first.stderr
+    assert "echo (1 rows)" in first.stderr
+    again = run_producer(fleet_env, "enqueue", str(src), "--job", "opts")
+    assert again.returncode == 0, again.stderr
+    assert "job opts resumed: 2 prompts" in again.stderr
+    other = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--sampling", "top_k=2")
+    assert other.returncode == 3 and "exists with sampling" in other.stderr

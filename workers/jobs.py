@@ -42,6 +42,8 @@ class SamplingSpec(BaseModel):
     system_prompt: str | None = None
     # --chat-template-kwargs, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
+    # --drop-unsupported-sampling: row keys the engine would refuse were left out at enqueue.
+    drop_unsupported: bool = False
 
 
 class JobSpec(BaseModel):
