@@ -119,6 +119,18 @@ def _s3_opener(client: Any, bucket: str, key: str, size: int, fmt: str | None
     return lambda: client.get_object(Bucket=bucket, Key=key)["Body"]
 
 
+def _s3_size(client: Any, bucket: str, key: str) -> int | None:
+    """The object's size, or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            return None
+        raise
+
+
 def _s3(url: str, s3: S3Settings) -> list[Part]:
     import boto3
     from botocore.config import Config
@@ -128,18 +140,16 @@ def _s3(url: str, s3: S3Settings) -> list[Part]:
     client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
                           config=Config(retries={"max_attempts": 3, "mode": "standard"}))
     with _s3_errors(url):
-        if key and part_format(key):
-            try:
-                size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
-            except client.exceptions.ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey"):
-                    raise
-                raise InputError(url, None, "no such object") from exc
-            return [Part(url, part_format(key) or "", _s3_opener(client, bucket, key, size,
-                                                                 part_format(key)))]
+        fmt = part_format(key)
+        size = _s3_size(client, bucket, key) if fmt else None
+        if fmt and size is not None:
+            return [Part(url, fmt, _s3_opener(client, bucket, key, size, fmt))]
+        # A prefix of parts (also one named like a file: Spark writes data.parquet/part-*).
         prefix = f"{key.rstrip('/')}/" if key else ""
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         objs = [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", [])]
+    if fmt and not objs:
+        raise InputError(url, None, "no such object")
     return _only_parts(url, [(f"s3://{bucket}/{k}",
                               _s3_opener(client, bucket, k, n, part_format(k)))
                              for k, n in objs])

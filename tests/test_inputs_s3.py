@@ -86,6 +86,12 @@ def test_a_prefix_of_parts_stages_like_a_local_folder(s3_env, moto_server, tmp_p
     assert [r["id"] for r in rows] == [f"p{i}" for i in range(47)]
 
 
+def test_a_prefix_named_like_a_file_is_read_as_its_parts(s3_env, moto_server):
+    url = _upload(moto_server, _bucket(s3_env), "out.parquet", PARTS)
+    rows = list(read_rows(url, ReadOptions(), S3Settings()))
+    assert [r["id"] for r in rows] == [f"p{i}" for i in range(47)]
+
+
 def test_missing_objects_and_prefixes_are_one_line(s3_env, moto_server):
     bucket = _bucket(s3_env)
     with pytest.raises(InputError, match=r"^s3://.*/nope\.jsonl: no such object$"):
