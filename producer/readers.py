@@ -48,7 +48,7 @@ class ReadOptions:
     job_params: dict[str, Any] = field(default_factory=dict)
     # Row parameter keys never sent, with how many rows carried each (filled while reading).
     dropped: Counter[str] = field(default_factory=Counter)
-    _chat_checked: bool = False
+    _chat_checked: bool = field(default=False, init=False, repr=False)
 
     def check_chat_row(self) -> None:
         """The job's parameters must exist in a chat request too (SamplingError if not)."""
