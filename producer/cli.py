@@ -91,7 +91,8 @@ def enqueue(
                                    help="Prompts per batch (default 500, fixed per job)"),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
                                        help="Ceiling on generated tokens per prompt: a row's "
-                                       "own max_tokens applies only when it is lower"),
+                                       "own max_tokens applies only when it is lower "
+                                       "(requeue-failed --max-new-tokens lifts it)"),
     temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
     top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
     sampling: list[str] = typer.Option(None, "--sampling", metavar="KEY=VALUE",

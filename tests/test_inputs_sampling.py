@@ -247,3 +247,13 @@ def test_a_plain_rerun_resumes_with_the_recorded_options(fleet_env, tmp_path, r)
     assert "job opts resumed: 2 prompts" in again.stderr
     other = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--sampling", "top_k=2")
     assert other.returncode == 3 and "exists with sampling" in other.stderr
+
+
+def test_the_job_cap_bounds_openai_lengths_but_not_a_requeued_rows_own_cap():
+    spec = _spec(max_new_tokens=4)
+    def length(**params):
+        return sampling_for(spec, PromptRow(index=0, id="a", prompt="p",
+                                            params=params)).max_new_tokens
+    assert (length(), length(max_tokens=2), length(max_tokens=5000)) == (4, 2, 4)
+    assert length(max_completion_tokens=5000, max_tokens=1) == 4
+    assert length(max_new_tokens=5000) == 5000  # requeue-failed --max-new-tokens 5000

@@ -16,8 +16,9 @@ accepts) with the type each value must have, and ``RANGES`` the bounds ``verify(
 :func:`sampling_for` translates them for the route a request takes.
 
 Precedence: a row's own parameters override the job's (``--sampling``, ``--temperature``,
-...), except ``max_new_tokens``: ``--max-new-tokens`` is a ceiling, so a row's ``max_tokens``
-applies only when it is lower.
+...), except the length: ``--max-new-tokens`` is a ceiling, so a row's OpenAI ``max_tokens`` /
+``max_completion_tokens`` applies only when it is lower. A row's ``max_new_tokens`` (SGLang's
+own name, what ``requeue-failed --max-new-tokens`` writes) replaces the ceiling for that row.
 """
 
 from __future__ import annotations
@@ -318,7 +319,9 @@ def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
         if getattr(js, name) is not None:
             job[name] = getattr(js, name)
     merged = {**job, **own.sampling}
-    max_new = _ceiling(merged.pop("max_new_tokens", None), js.max_new_tokens)
+    max_new = merged.pop("max_new_tokens", None)
+    if "max_new_tokens" not in row.params:  # OpenAI's names are capped by the job's
+        max_new = _ceiling(max_new, js.max_new_tokens)
     temperature, top_p = merged.pop("temperature", None), merged.pop("top_p", None)
     kwargs = {**(js.chat_template_kwargs or {}), **(own.chat.get("chat_template_kwargs") or {})}
     if chat and kwargs:
