@@ -6,15 +6,27 @@ PIP := $(PY) -m pip
 GPUS ?= 7
 STAGGER ?= 30
 
-.PHONY: install redis-bin chromium-bin demo test lint bench fleet compose procfile clean
+.PHONY: install lock redis-bin chromium-bin demo test lint bench fleet compose procfile clean
 
+# Exact versions with hashes from requirements.lock, then the project itself without
+# resolving anything again.
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements.lock
 	python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --require-hashes -r requirements.lock
+	$(PIP) install -q --no-deps -e .
 	touch $@
+
+# The one command that regenerates requirements.lock (base + dev extras, CPython 3.11 on
+# x86_64 Linux) after a change to the dependencies in pyproject.toml.
+UV_VERSION ?= 0.13.9
+lock:
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile -q pyproject.toml --extra dev --generate-hashes \
+	  --python-version 3.11 --python-platform x86_64-unknown-linux-gnu -o requirements.lock
 
 # The embedded Redis is Debian's redis-server binary (installed here if missing).
 redis-bin:
@@ -31,6 +43,7 @@ demo: install redis-bin
 	$(PY) -m producer.demo
 
 test: install redis-bin chromium-bin
+	$(PY) tools/check_lock.py
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

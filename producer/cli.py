@@ -1,4 +1,5 @@
-"""``python -m producer``: enqueue a prompt data set, follow its progress, verify the results.
+"""``fleet`` (also ``python -m producer``): enqueue a prompt data set, follow its progress,
+verify the results; ``fleet tune ...`` is the tuner (workers/tune/cli.py).
 
 Each command imports what it needs when it runs (rich only to draw, Celery only where messages
 are sent): ``status --json`` is polled by scripts and pays only for settings, store and Redis.
@@ -21,6 +22,7 @@ from config.settings import Settings, load_settings
 from workers.errors import FleetError, InputError, JobError
 from workers.jobs import load_spec
 from workers.store import Store, open_store
+from workers.tune.cli import app as tune_app
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,8 +31,9 @@ RET_OK, RET_FAILED, RET_INPUT, RET_JOB, RET_CONNECT = 0, 1, 2, 3, 4
 
 cli = typer.Typer(
     help="Batch generation on a fleet of GPU workers: enqueue prompts, watch, verify.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, pretty_exceptions_enable=False,  # --install-completion: typer's
 )
+cli.add_typer(tune_app, name="tune")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -79,15 +82,39 @@ def _open(settings: Settings) -> tuple[Store, redis.Redis]:
 @cli.command()
 @friendly_errors
 def enqueue(
-    input: Path = typer.Argument(..., help="Prompt file: .jsonl[.gz] (prompt / messages / "
-                                 "OpenAI-batch lines) or .parquet"),
+    input: str = typer.Argument(..., help="Prompts: a .jsonl[.gz] (prompt / messages / "
+                                "OpenAI-batch lines) or .parquet file, a folder of them, "
+                                "s3://bucket/key or s3://bucket/prefix/ of parts, or another "
+                                "fsspec URL (its filesystem package installed)"),
     job: str = typer.Option(..., "--job", help="Job name; re-run with the same name to resume"),
     batch_size: int = typer.Option(None, "--batch-size", min=1,
                                    help="Prompts per batch (default 500, fixed per job)"),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
-                                       help="Cap on generated tokens per prompt"),
+                                       help="Ceiling on generated tokens per prompt: a row's "
+                                       "own max_tokens applies only when it is lower "
+                                       "(requeue-failed --max-new-tokens lifts it)"),
     temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
     top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
+    sampling: list[str] = typer.Option(None, "--sampling", metavar="KEY=VALUE",
+                                       help="Any SGLang sampling parameter, repeatable "
+                                       "(top_k=20, min_p=0, stop='[\"END\"]'); values are "
+                                       "JSON when they parse; OpenAI names (seed, max_tokens) "
+                                       "are mapped. A row's own parameters override these"),
+    chat: bool = typer.Option(False, "--chat", help="Send plain prompts as one user message "
+                              "through the chat template instead of raw /generate text"),
+    system_prompt: str = typer.Option(None, "--system-prompt", help="System message for chat "
+                                      "requests that have none of their own (implies --chat)"),
+    chat_template_kwargs: str = typer.Option(None, "--chat-template-kwargs", metavar="JSON",
+                                             help="e.g. '{\"enable_thinking\": false}' "
+                                             "(implies --chat; a row's own keys win)"),
+    drop_unsupported: bool = typer.Option(False, "--drop-unsupported-sampling",
+                                          help="Drop row parameters the engine would refuse "
+                                          "(counted in the job record) instead of refusing "
+                                          "the input"),
+    prompt_column: str = typer.Option("prompt", "--prompt-column", help="Column of prompts"),
+    messages_column: str = typer.Option("messages", "--messages-column",
+                                        help="Column of chat messages"),
+    id_column: str = typer.Option("id", "--id-column", help="Column of row ids"),
     reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
                                    "(same prompt, sampling and profile) instead of regenerating"),
 ) -> None:
@@ -95,23 +122,30 @@ def enqueue(
     message and no live run (re-run it to resume or repair a job)."""
     from producer import render
     from producer.enqueue import enqueue as enqueue_job
-    from producer.readers import read_rows
+    from producer.options import dropped_note, job_sampling, resumed_sampling
+    from producer.readers import ReadOptions, read_rows
     from producer.reuse import reuse_hook
     from workers import app
-    from workers.jobs import SamplingSpec, check_job_name
+    from workers.jobs import check_job_name
     from workers.sink import trigger_if_complete
 
     settings = load_settings()
     store, r = _open(settings)
     check_job_name(job)
-    sampling = SamplingSpec(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-    rows = read_rows(input)
+    spec_sampling = resumed_sampling(store, job, job_sampling(
+        max_new_tokens, temperature, top_p, sampling, chat, system_prompt, chat_template_kwargs,
+        drop_unsupported))
+    opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
+                       spec_sampling.drop_unsupported, spec_sampling.params)
+    rows = read_rows(input, opts, settings.s3)
     with render.enqueue_progress(err()) as on_batch:
         hook, reused = reuse_hook(store, r, reuse_from, settings.profile)
-        report = enqueue_job(store, r, app, input, job, batch_size or None, sampling, rows,
+        report = enqueue_job(store, r, app, input, job, batch_size or None, spec_sampling, rows,
                              on_batch, default_batch_size=settings.batch_size,
-                             before_reconcile=hook)
+                             before_reconcile=hook, dropped_keys=opts.dropped)
     render.enqueue_summary(err(), report)
+    if note := dropped_note(report.spec.dropped_keys):
+        err().print(note, soft_wrap=True)
     if reused:
         err().print(reused[0].summary(), soft_wrap=True)
     trigger_if_complete(r, app, report.spec, settings)
@@ -317,7 +351,7 @@ def report(
 
 
 def main() -> None:
-    """Entry point of ``python -m producer``."""
+    """Entry point of ``fleet`` and ``python -m producer``."""
     # What is imported by now lives until exit: kept out of the collector, it is not scanned
     # by every full collection, nor by the one at interpreter exit (~30 ms of status --json).
     gc.freeze()

@@ -19,7 +19,7 @@ import queue
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,12 +258,16 @@ def _stage_for(store: Store, job: str, input_path: Path, rows: Iterable[dict[str
     return total, n, fingerprint
 
 
-def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: str,
+def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, job: str,
             batch_size: int | None, sampling: SamplingSpec, rows: Iterable[dict[str, Any]],
             on_batch: Callable[[int, int], None] | None = None,
             default_batch_size: int = 500,
-            before_reconcile: Callable[[JobSpec], None] | None = None) -> EnqueueReport:
-    """Record, stage and enqueue a job (or resume it); see the module docstring."""
+            before_reconcile: Callable[[JobSpec], None] | None = None,
+            dropped_keys: Mapping[str, int] | None = None) -> EnqueueReport:
+    """Record, stage and enqueue a job (or resume it); see the module docstring.
+
+    ``dropped_keys`` is filled while ``rows`` is read (producer.readers.ReadOptions.dropped).
+    """
     old = _existing_spec(store, job)
     size = batch_size or (old.batch_size if old else default_batch_size)
     if old and size != old.batch_size:
@@ -279,7 +283,8 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path, job: st
         raise InputError(str(input_path), None, "no rows")
     spec = old or JobSpec(name=job, total=total, batch_size=size, n_batches=n,
                           input_path=str(input_path), input_fingerprint=fingerprint,
-                          sampling=sampling, bad_rows=len(report.bad_rows))
+                          sampling=sampling, bad_rows=len(report.bad_rows),
+                          dropped_keys=dict(dropped_keys or {}))
     if old is None or spec.input_sha256 != report.batch_sha256:
         spec = spec.model_copy(update={"input_sha256": report.batch_sha256})
         save_spec(store, spec)

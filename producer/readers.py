@@ -3,117 +3,191 @@
 Every row becomes the dict it is staged as: the fields of :class:`workers.jobs.PromptRow` in
 their order, those at their default left out (what ``PromptRow.model_dump(exclude_defaults=True)``
 gives, built directly: a million rows through the model cost seconds), with the row's 0-based
-position as ``index``. A row that is valid JSON but carries no usable prompt is kept with an
-``error`` (it is quarantined, never dropped); a line that is not JSON at all stops the read with
-an :class:`InputError` naming the file and line, since a corrupt file should not half-enqueue.
+position in the data set as ``index``. A row that is valid JSON but carries no usable prompt
+(its prompt or messages column missing or of the wrong type) is kept with an ``error`` (it is
+quarantined, never dropped); a line that is not JSON at all, or a sampling key the engine would
+refuse, stops the read with an :class:`InputError` naming the file and line, since a corrupt
+file should not half-enqueue.
+
+Data sets can live anywhere :mod:`producer.sources` reaches (folders and prefixes of parts,
+S3, fsspec URLs); the parts are read in name order as one sequence of rows.
 """
 
 from __future__ import annotations
 
 import gzip
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
+from config.settings import S3Settings
+from producer.sources import Part, list_parts
 from workers.errors import InputError
+from workers.sampling_params import SamplingError, check_row_params, translate
 
-PROMPT_KEYS = ("prompt", "messages", "id", "custom_id", "body")
 # OpenAI-batch body keys that are request plumbing, not generation parameters.
 BODY_SKIP = ("messages", "prompt", "model", "stream")
 
 
-def _params(body: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if k not in BODY_SKIP}
+@dataclass
+class ReadOptions:
+    """How rows map onto prompts, and what to do with sampling keys the engine refuses."""
+
+    prompt_column: str = "prompt"
+    messages_column: str = "messages"
+    id_column: str = "id"
+    # --chat: plain prompts are sent as chat requests (decides which keys a row may carry).
+    chat: bool = False
+    # --drop-unsupported-sampling: leave such keys out (counted) instead of refusing the input.
+    drop_unsupported: bool = False
+    # The job's --sampling keys: checked against the chat route at the first chat row.
+    job_params: dict[str, Any] = field(default_factory=dict)
+    # Row parameter keys never sent, with how many rows carried each (filled while reading).
+    dropped: Counter[str] = field(default_factory=Counter)
+    _chat_checked: bool = field(default=False, init=False, repr=False)
+
+    def check_chat_row(self) -> None:
+        """The job's parameters must exist in a chat request too (SamplingError if not)."""
+        if not self._chat_checked:
+            try:
+                translate(self.job_params, chat=True)
+            except SamplingError as exc:  # a --sampling key: the drop flag is for rows' keys
+                raise SamplingError(exc.key, f"(--sampling) {exc.reason}") from None
+            self._chat_checked = True
+
+    def columns(self) -> tuple[str, ...]:
+        """Columns a Parquet reader needs."""
+        return (self.prompt_column, self.messages_column, self.id_column, "custom_id", "body")
 
 
-def _check_messages(messages: Any) -> str | None:
+def _check_messages(messages: Any, column: str) -> str | None:
     if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list"
+        return f"{column!r} must be a non-empty list"
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             return "each message needs 'role' and 'content'"
     return None
 
 
-def normalize(obj: Any, index: int, where: str) -> dict[str, Any]:
-    """Turn one decoded row into its staged dict (with ``error`` set if it cannot be used)."""
+def _params(body: dict[str, Any], chat: bool, opts: ReadOptions) -> dict[str, Any]:
+    params = {k: v for k, v in body.items() if k not in BODY_SKIP}
+    if not params:
+        return params
+    kept, dropped = check_row_params(params, chat, opts.drop_unsupported)
+    opts.dropped.update(dropped)
+    return kept
+
+
+def _refused(exc: SamplingError, source: str, line: int | None, where: str = "") -> InputError:
+    """The one line that refuses an input for a key the engine would reject."""
+    hint = "; --drop-unsupported-sampling drops it" if exc.droppable else ""
+    return InputError(source, line, f"{where}{exc}{hint}")
+
+
+def _prompt_fields(src: dict[str, Any], opts: ReadOptions, body: bool) -> dict[str, Any] | str:
+    """{"prompt": ...} or {"messages": ...}, or why the row has neither."""
+    pcol, mcol = ("prompt", "messages") if body else (opts.prompt_column, opts.messages_column)
+    prompt, messages = src.get(pcol), src.get(mcol)
+    if messages is not None:
+        return _check_messages(messages, mcol) or {"messages": messages}
+    if isinstance(prompt, str) and prompt.strip():
+        return {"prompt": prompt}
+    if prompt is not None:
+        return f"{pcol!r} must be a non-empty string"
+    return f"no {pcol!r} or {mcol!r}"
+
+
+def normalize(obj: Any, index: int, where: str, opts: ReadOptions | None = None
+              ) -> dict[str, Any]:
+    """Turn one decoded row into its staged dict (with ``error`` set if it cannot be used);
+    SamplingError for a parameter the engine would refuse."""
+    opts = opts or ReadOptions()
     if not isinstance(obj, dict):
         return {"index": index, "id": str(index), "error": f"{where}: row is not an object"}
-    rid = obj.get("custom_id", obj.get("id"))
+    rid = obj.get("custom_id", obj.get(opts.id_column))
     rid = str(rid) if rid is not None else str(index)
-    source, params = obj, {}
-    if isinstance(obj.get("body"), dict):  # OpenAI batch line
-        source, params = obj["body"], _params(obj["body"])
-    prompt, messages = source.get("prompt"), source.get("messages")
-    if messages is not None:
-        problem = _check_messages(messages)
-        if problem:
-            return {"index": index, "id": rid, "error": f"{where}: {problem}"}
-        row = {"index": index, "id": rid, "messages": messages}
-    elif isinstance(prompt, str) and prompt.strip():
-        row = {"index": index, "id": rid, "prompt": prompt}
-    elif prompt is not None:
-        return {"index": index, "id": rid,
-                "error": f"{where}: 'prompt' must be a non-empty string"}
-    else:
-        return {"index": index, "id": rid, "error": f"{where}: no 'prompt' or 'messages'"}
-    if params:
-        row["params"] = params
+    body = isinstance(obj.get("body"), dict)  # OpenAI batch line
+    fields = _prompt_fields(obj["body"] if body else obj, opts, body)
+    if isinstance(fields, str):
+        return {"index": index, "id": rid, "error": f"{where}: {fields}"}
+    row = {"index": index, "id": rid, **fields}
+    if "messages" in fields and opts.job_params:
+        opts.check_chat_row()
+    if body:
+        params = _params(obj["body"], opts.chat or "messages" in fields, opts)
+        if params:
+            row["params"] = params
     return row
 
 
-def _open_text(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+def _text_stream(part: Part) -> IO[bytes]:
+    raw = part.open()
+    return gzip.GzipFile(fileobj=raw, mode="rb") if part.fmt == "jsonl.gz" else raw
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL file; blank lines are skipped, bad JSON raises InputError."""
-    index = 0
+def read_jsonl(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL part; blank lines are skipped, bad JSON raises InputError."""
+    index = start
     try:
-        with _open_text(path) as fh:
+        with _text_stream(part) as fh:
             for line_no, line in enumerate(fh, start=1):
                 if line.isspace():
                     continue
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError as exc:
-                    raise InputError(str(path), line_no, f"not valid JSON ({exc})") from exc
-                yield normalize(obj, index, f"line {line_no}")
+                    raise InputError(part.name, line_no, f"not valid JSON ({exc})") from exc
+                try:
+                    yield normalize(obj, index, f"line {line_no}", opts)
+                except SamplingError as exc:
+                    raise _refused(exc, part.name, line_no) from None
                 index += 1
     except (OSError, EOFError) as exc:
-        raise InputError(str(path), None, f"cannot read: {exc}") from exc
+        raise InputError(part.name, None, f"cannot read: {exc}") from exc
 
 
-def read_parquet(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a Parquet file, streamed in record batches."""
+def read_parquet(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict[str, Any]]:
+    """Rows of a Parquet part, streamed in record batches."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
-        columns = [c for c in pf.schema_arrow.names if c in PROMPT_KEYS]
-        if not columns:
-            raise InputError(str(path), None, "no 'prompt', 'messages' or 'body' column")
-        index = 0
-        for rb in pf.iter_batches(batch_size=8192, columns=columns):
-            for obj in rb.to_pylist():
-                obj = {k: v for k, v in obj.items() if v is not None}
-                yield normalize(obj, index, f"row {index}")
-                index += 1
+        with part.open() as fh:
+            pf = pq.ParquetFile(fh)
+            wanted = opts.columns()
+            columns = [c for c in pf.schema_arrow.names if c in wanted]
+            if not set(columns) & {opts.prompt_column, opts.messages_column, "body"}:
+                raise InputError(part.name, None, f"no {opts.prompt_column!r}, "
+                                 f"{opts.messages_column!r} or 'body' column")
+            index = start
+            for rb in pf.iter_batches(batch_size=8192, columns=columns):
+                for obj in rb.to_pylist():
+                    obj = {k: v for k, v in obj.items() if v is not None}
+                    where = f"row {index - start}"
+                    try:
+                        yield normalize(obj, index, where, opts)
+                    except SamplingError as exc:
+                        raise _refused(exc, part.name, None, f"{where}: ") from None
+                    index += 1
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(str(path), None, f"cannot read Parquet: {exc}") from exc
+        raise InputError(part.name, None, f"cannot read Parquet: {exc}") from exc
 
 
-def read_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of any supported prompt file, chosen by its suffix."""
-    if not path.exists():
-        raise InputError(str(path), None, "no such file")
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] == ".parquet":
-        return read_parquet(path)
-    if suffixes and (suffixes[-1] in (".jsonl", ".json", ".ndjson") or suffixes[-2:] in (
-            [".jsonl", ".gz"], [".json", ".gz"])):
-        return read_jsonl(path)
-    raise InputError(str(path), None, "unsupported format (use .jsonl, .jsonl.gz or .parquet)")
+def _read_parts(parts: list[Part], opts: ReadOptions) -> Iterator[dict[str, Any]]:
+    index = 0
+    for part in parts:
+        reader = read_parquet if part.fmt == "parquet" else read_jsonl
+        for row in reader(part, opts, index):
+            yield row
+            index += 1
+
+
+def read_rows(path: Path | str, opts: ReadOptions | None = None,
+              s3: S3Settings | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of a prompt file, folder of parts, S3 object or prefix, or fsspec URL (the parts
+    are listed now, so a missing input fails before anything is staged)."""
+    return _read_parts(list_parts(path, s3), opts or ReadOptions())

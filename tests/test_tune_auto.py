@@ -87,6 +87,7 @@ def test_auto_lifts_baseline_throughput_175x_and_loses_no_prompt(
         "30",
         "--restart-timeout-s",
         "60",
+        "--json",
     )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)

@@ -28,6 +28,7 @@ def _plan(*args: str) -> dict:
             "913786",
             "--avg-output-tokens",
             "2490",
+            "--json",
             *args,
         ],
         cwd=ROOT,

@@ -29,17 +29,17 @@ from workers import jobstate, sink
 from workers.aio import cancel_and_wait
 from workers.crashes import CrashTracker
 from workers.delivery.ownership import LostOwnership, Ownership
-from workers.engine_client import Completion, EngineClient, Sampling
+from workers.engine_client import Completion, EngineClient
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
 from workers.gpu_share import GpuShare
 from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.limiter import Limiter
 from workers.progress import BatchEnv, ProgressRecorder, result_row
 from workers.retry import RetryPolicy, backoff_s
+from workers.sampling_params import sampling_for
 
 log = logging.getLogger(__name__)
 
-SAMPLING_KEYS = ("max_tokens", "max_new_tokens", "temperature", "top_p")
 SHARE_INTERVAL_S = 0.1  # well inside the time the engine's queue (the headroom) lasts
 T = TypeVar("T")
 
@@ -69,18 +69,6 @@ async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
     except BaseException:
         await cancel_and_wait(*tasks)
         raise
-
-
-def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
-    """Job sampling parameters with the row's own overrides (OpenAI-batch bodies) on top."""
-    js, p = spec.sampling, row.params
-    extra = {k: v for k, v in p.items() if k not in SAMPLING_KEYS}
-    return Sampling(
-        max_new_tokens=p.get("max_tokens", p.get("max_new_tokens", js.max_new_tokens)),
-        temperature=p.get("temperature", js.temperature),
-        top_p=p.get("top_p", js.top_p),
-        extra=extra or None,
-    )
 
 
 class BatchRunner:

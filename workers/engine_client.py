@@ -22,12 +22,20 @@ from workers.errors import EngineUnavailable, PromptRejected
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters of a job (per-row overrides are merged in by the caller)."""
+    """What a request carries besides the prompt (workers/sampling_params.py builds it)."""
 
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # Further fields in the route's own names: SamplingParams keywords for /generate,
+    # ChatCompletionRequest fields for chat.
     extra: dict[str, Any] | None = None
+    # /generate top-level fields (return_logprob, top_logprobs_num).
+    request: dict[str, Any] | None = None
+    # Send plain prompts as one user message through the chat template.
+    chat: bool = False
+    # Prepended to chat messages that have no system message.
+    system_prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,19 @@ def _generate_body(prompt: str, sampling: Sampling) -> dict[str, Any]:
         params["temperature"] = sampling.temperature
     if sampling.top_p is not None:
         params["top_p"] = sampling.top_p
-    return {"text": prompt, "sampling_params": params}
+    return {"text": prompt, "sampling_params": params, **(sampling.request or {})}
+
+
+def chat_messages(prompt: str | None, messages: list[Any] | None,
+                  sampling: Sampling) -> list[Any] | None:
+    """The messages of a chat request (None: a plain /generate prompt)."""
+    if messages is None and sampling.chat:
+        messages = [{"role": "user", "content": prompt or ""}]
+    if messages is None or not sampling.system_prompt:
+        return messages
+    if any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        return messages  # the row's own system message wins
+    return [{"role": "system", "content": sampling.system_prompt}, *messages]
 
 
 def _chat_body(messages: list[Any], sampling: Sampling) -> dict[str, Any]:
@@ -167,6 +187,7 @@ class EngineClient:
         self, prompt: str | None, messages: list[Any] | None, sampling: Sampling
     ) -> Completion:
         """Generate one completion for a plain prompt or a chat conversation."""
+        messages = chat_messages(prompt, messages, sampling)
         if messages is not None:
             data, latency = await self._post("/v1/chat/completions", _chat_body(messages, sampling))
             return parse_chat(data, latency)

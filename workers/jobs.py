@@ -30,11 +30,22 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class SamplingSpec(BaseModel):
-    """Job-wide sampling parameters."""
+    """Job-wide sampling parameters and request options (rows' own override them; see
+    workers/sampling_params.py for the precedence)."""
 
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # --sampling KEY=VALUE, as SGLang SamplingParams keywords (workers/sampling_params.py).
+    params: dict[str, Any] = Field(default_factory=dict)
+    # --chat: plain prompts go through the chat template as one user message.
+    chat: bool = False
+    # --system-prompt: prepended to chat requests that have no system message of their own.
+    system_prompt: str | None = None
+    # --chat-template-kwargs, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # --drop-unsupported-sampling: row keys the engine would refuse were left out at enqueue.
+    drop_unsupported: bool = False
 
 
 class JobSpec(BaseModel):
@@ -48,6 +59,9 @@ class JobSpec(BaseModel):
     input_fingerprint: str
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     bad_rows: int = 0
+    # Row parameter keys never sent to the engine (metadata such as "user", or keys
+    # --drop-unsupported-sampling dropped), with how many rows carried each.
+    dropped_keys: dict[str, int] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
     # sha256 of each staged batch's uncompressed JSONL (empty for jobs staged before it).
     input_sha256: list[str] = Field(default_factory=list)

@@ -1,74 +1,88 @@
-"""``python -m workers.tune``: snapshot, diagnose, plan, apply, auto.
+"""``fleet tune`` (also ``python -m workers.tune``): snapshot, diagnose, plan, apply, auto.
 
+Each command prints a readable table or text; ``--json`` prints one JSON object for scripts.
 Exit codes: 0 done; 2 bad input or not enough evidence (one line on stderr); 3 the fleet could
 not be driven (no worker, no reply, an engine that never came back).
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis
+import typer
 
-from config.launch_profile import ProfileError, load_profile
-from config.settings import Settings, load_settings
-from workers.tune import snapshot as snapshots
-from workers.tune.memory_model import DoesNotFit
-from workers.tune.render import diagnosis_text
-from workers.tune.situation import InsufficientEvidence
+if TYPE_CHECKING:
+    from config.launch_profile import LaunchProfile
+    from config.settings import Settings
+    from workers.tune import snapshot as snapshots
 
 RET_OK, RET_INPUT, RET_FLEET = 0, 2, 3
 
+app = typer.Typer(
+    help="Read an engine's state, name what limits it, plan a job, and re-tune the fleet.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+F = TypeVar("F", bound=Callable[..., Any])
 
-def _timing_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--canary", help="gpuN or a node name (default: first healthy worker)")
-    p.add_argument("--window-s", type=float, default=120.0, help="throughput window")
-    p.add_argument("--settle-timeout-s", type=float, default=300.0)
-    p.add_argument("--restart-timeout-s", type=float, default=1800.0)
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command-line grammar."""
-    top = argparse.ArgumentParser(prog="python -m workers.tune", description=__doc__)
-    sub = top.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("snapshot", help="capture one GPU's engine state as JSON")
-    p.add_argument("--gpu", type=int, required=True)
-    p.add_argument("--out", type=Path)
-    p = sub.add_parser("diagnose", help="name the binding constraint and what to change")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--gpu", type=int)
-    src.add_argument("--snapshot", type=Path, help="snapshot JSON, or a folder of raw captures")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--gpu-memory-mib", type=int, help="GPU size when NVML is not in the snapshot")
-    p = sub.add_parser("plan", help="predicted cap, tok/s, ETA and cost of a job")
-    p.add_argument("--profile", required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--prompts", type=int, required=True)
-    p.add_argument("--avg-output-tokens", type=float, required=True)
-    p.add_argument("--gpu-price-per-hour", type=float)
-    p.add_argument("--gpu-memory-mib", type=int, help="default: the simulator's GPU size")
-    p.add_argument("--snapshot", type=Path, help="calibrate from this engine's snapshot")
-    p = sub.add_parser("apply", help="canary a profile, keep it if better, roll it out")
-    p.add_argument("--profile", required=True)
-    _timing_args(p)
-    p = sub.add_parser("auto", help="diagnose and re-tune one GPU at a time")
-    p.add_argument("--max-trials", type=int, default=3)
-    p.add_argument("--allow-lossy", action="store_true", help="also try bf16 SSM / FP8 KV")
-    _timing_args(p)
-    return top
+JSON_OPT = typer.Option(False, "--json", help="Print one JSON object")
+CANARY_OPT = typer.Option(None, "--canary", help="gpuN or a node name (default: the first "
+                          "healthy worker)")
+WINDOW_OPT = typer.Option(120.0, "--window-s", help="Seconds of throughput per measurement")
+SETTLE_OPT = typer.Option(300.0, "--settle-timeout-s", help="Seconds to wait for a full engine")
+RESTART_OPT = typer.Option(1800.0, "--restart-timeout-s", help="Seconds to wait for a restart")
 
 
-def _redis(settings: Settings) -> redis.Redis:
+def tune_errors(fn: F) -> F:
+    """Errors the user can fix become one line on stderr and a named exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import redis
+
+        from config.launch_profile import ProfileError
+        from workers.tune import snapshot as snapshots
+        from workers.tune.fleet import TuneError
+        from workers.tune.memory_model import DoesNotFit
+        from workers.tune.situation import InsufficientEvidence
+
+        try:
+            return fn(*args, **kwargs)
+        except (InsufficientEvidence, snapshots.SnapshotError, ProfileError, DoesNotFit) as exc:
+            print(f"tune {fn.__name__}: {exc}", file=sys.stderr)
+            raise typer.Exit(RET_INPUT) from None
+        except (TuneError, redis.RedisError) as exc:
+            print(f"tune {fn.__name__}: {exc}", file=sys.stderr)
+            raise typer.Exit(RET_FLEET) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+def _print_table(table: Any) -> None:
+    from rich.console import Console
+
+    Console(highlight=False).print(table)
+
+
+def _redis(settings: Settings) -> Any:
+    import redis
+
     return redis.Redis.from_url(settings.redis_url.get_secret_value(), socket_timeout=10)
 
 
 def _local_beat(settings: Settings, gpu: int) -> dict[str, Any] | None:
     """This host's worker for ``gpu`` from the heartbeats (None if Redis or it is absent)."""
+    import redis
+
     from workers.heartbeat import read_heartbeats
 
     try:
@@ -81,6 +95,9 @@ def _local_beat(settings: Settings, gpu: int) -> dict[str, Any] | None:
 
 def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
     """Snapshot GPU ``gpu``'s engine on this host."""
+    from config.launch_profile import ProfileError, load_profile
+    from workers.tune import snapshot as snapshots
+
     target = snapshots.Target(
         gpu,
         f"http://{settings.engine_host}:{settings.engine_port(gpu)}",
@@ -99,98 +116,193 @@ def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
     return snap
 
 
-def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
-    """Capture and print or save a snapshot."""
-    snap = capture_local(settings, args.gpu)
-    if args.out:
-        snapshots.save(snap, args.out)
-        missing = ", ".join(sorted(snap.get("unavailable", {}))) or "none"
-        print(f"wrote {args.out} (sections unavailable: {missing})", file=sys.stderr)
+def _settings() -> Settings:
+    from config.settings import load_settings
+
+    return load_settings()
+
+
+@app.command()
+@tune_errors
+def snapshot(
+    gpu: int = typer.Option(..., "--gpu", help="GPU index on this host"),
+    out: Path = typer.Option(None, "--out", help="Write the snapshot JSON to this file"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Capture one GPU's engine state (metrics, loads, server info, log, NVML)."""
+    from workers.tune import snapshot as snapshots
+    from workers.tune.tables import object_table
+
+    snap = capture_local(_settings(), gpu)
+    missing = ", ".join(sorted(snap.get("unavailable", {}))) or "none"
+    if out:
+        snapshots.save(snap, out)
+        print(f"wrote {out} (sections unavailable: {missing})", file=sys.stderr)
+    elif as_json:
+        _print_json(snap)
     else:
-        print(json.dumps(snap, indent=1, sort_keys=True))
-    return RET_OK
+        sections = {k: "captured" for k in sorted(snap) if k != "unavailable"}
+        sections.update({k: f"unavailable: {v}" for k, v in snap.get("unavailable", {}).items()})
+        _print_table(object_table(f"snapshot of GPU {gpu} (--json for the data)", sections))
 
 
-def cmd_diagnose(args: argparse.Namespace, settings: Settings) -> int:
-    """Diagnose a snapshot file/folder or a live GPU."""
-    from workers.tune.diagnose import diagnose
+@app.command()
+@tune_errors
+def diagnose(
+    gpu: int = typer.Option(None, "--gpu", help="A live GPU on this host"),
+    snapshot: Path = typer.Option(None, "--snapshot",
+                                  help="Snapshot JSON, or a folder of raw captures"),
+    as_json: bool = JSON_OPT,
+    gpu_memory_mib: int = typer.Option(None, "--gpu-memory-mib",
+                                       help="GPU size when NVML is not in the snapshot"),
+) -> None:
+    """Name the binding constraint and what to change."""
+    from workers.tune import snapshot as snapshots
+    from workers.tune.diagnose import diagnose as run_diagnose
+    from workers.tune.render import diagnosis_text
 
-    snap = snapshots.load(args.snapshot) if args.snapshot else capture_local(settings, args.gpu)
-    result = diagnose(snap, args.gpu_memory_mib, settings.client_headroom).to_json()
-    print(json.dumps(result, indent=1) if args.json else diagnosis_text(result))
-    return RET_OK
+    if (gpu is None) == (snapshot is None):
+        raise typer.BadParameter("give exactly one of --gpu and --snapshot")
+    settings = _settings()
+    snap = snapshots.load(snapshot) if snapshot else capture_local(settings, gpu)
+    result = run_diagnose(snap, gpu_memory_mib, settings.client_headroom).to_json()
+    if as_json:
+        _print_json(result)
+    else:
+        print(diagnosis_text(result))
 
 
-def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
-    """Print the plan for a job as JSON (calibrated from a snapshot when one is given)."""
-    from workers.tune.plan import JobSize, plan
+def _tuned_plan(profile: LaunchProfile, job: Any, gpu_mib: int, model: Any, calibrated: bool,
+                throughput: Any, allow_lossy: bool) -> dict[str, Any] | None:
+    """The plan of what the tuner would launch instead, with the flags it changes (a model
+    calibrated from a snapshot predicts any flags; the catalogue's is built per profile)."""
+    from workers.tune.alternative import tuner_profile
+    from workers.tune.flags import flag_changes
+    from workers.tune.memory_model import catalog_model
+    from workers.tune.plan import plan
+
+    tuned = tuner_profile(profile, model, allow_lossy, throughput)
+    if tuned is None:
+        return None
+    tuned_model = model if calibrated else catalog_model(tuned.flags, gpu_mib, tuned.env)
+    out = plan(tuned, job, gpu_mib, tuned_model, throughput)
+    out["flag_changes"] = flag_changes(profile.flags, tuned.flags)
+    return out
+
+
+@app.command()
+@tune_errors
+def plan(
+    profile: str = typer.Option(..., "--profile", help="Launch profile name or TOML path"),
+    gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job runs on"),
+    prompts: int = typer.Option(..., "--prompts", min=1, help="Prompts in the job"),
+    avg_output_tokens: float = typer.Option(..., "--avg-output-tokens", min=1.0,
+                                            help="Mean generated tokens per prompt"),
+    gpu_price_per_hour: float = typer.Option(None, "--gpu-price-per-hour",
+                                             help="Price of one GPU hour, for the cost"),
+    gpu_memory_mib: int = typer.Option(None, "--gpu-memory-mib",
+                                       help="GPU size (default: the simulator's)"),
+    snapshot: Path = typer.Option(None, "--snapshot",
+                                  help="Calibrate from this engine's snapshot"),
+    allow_lossy: bool = typer.Option(False, "--allow-lossy",
+                                     help="Let the tuner's column use bf16 SSM state too"),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Predicted cap, tok/s, ETA and cost of a job, beside what the tuner would launch."""
+    from config.launch_profile import load_profile
+    from workers.tune import snapshot as snapshots
+    from workers.tune.memory_model import catalog_model
+    from workers.tune.plan import JobSize
+    from workers.tune.plan import plan as make_plan
     from workers.tune.situation import view_from_snapshot
+    from workers.tune.tables import plan_table
+    from workers.tune.throughput import WORKLOAD
 
-    profile = load_profile(args.profile)
-    job = JobSize(args.gpus, args.prompts, args.avg_output_tokens, args.gpu_price_per_hour)
-    if args.snapshot is None:
-        gpu_mib = args.gpu_memory_mib or settings.sim.gpu_memory_mib
-        print(json.dumps(plan(profile, job, gpu_mib), indent=1))
-        return RET_OK
-    view = view_from_snapshot(snapshots.load(args.snapshot), args.gpu_memory_mib)
-    model = view.model
-    model.env = dict(profile.env)
-    result = plan(profile, job, model.gpu_memory_mib, model, view.throughput)
-    print(json.dumps(result, indent=1))
-    return RET_OK
+    given = load_profile(profile)
+    job = JobSize(gpus, prompts, avg_output_tokens, gpu_price_per_hour)
+    if snapshot is None:
+        gpu_mib = gpu_memory_mib or _settings().sim.gpu_memory_mib
+        model, throughput = catalog_model(given.flags, gpu_mib, given.env), WORKLOAD
+    else:
+        view = view_from_snapshot(snapshots.load(snapshot), gpu_memory_mib)
+        model, throughput = view.model, view.throughput
+        model.env = dict(given.env)
+        gpu_mib = model.gpu_memory_mib
+    result = make_plan(given, job, gpu_mib, model, throughput)
+    tuned = _tuned_plan(given, job, gpu_mib, model, snapshot is not None, throughput,
+                        allow_lossy)
+    if as_json:
+        _print_json({**result, "tuner_alternative": tuned})
+    else:
+        _print_table(plan_table(result, tuned))
 
 
 def _fleet(settings: Settings) -> Any:
-    from workers import app
+    from workers import app as celery_app
     from workers.tune.fleet import Fleet, ProfileBook
 
-    return Fleet(settings, _redis(settings), app, ProfileBook(settings.log_dir / "tune"))
+    return Fleet(settings, _redis(settings), celery_app, ProfileBook(settings.log_dir / "tune"))
 
 
-def _timing(args: argparse.Namespace) -> Any:
+def _timing(window_s: float, settle_s: float, restart_s: float) -> Any:
     from workers.tune.fleet import Timing
 
-    return Timing(args.window_s, args.settle_timeout_s, args.restart_timeout_s)
+    return Timing(window_s, settle_s, restart_s)
 
 
-def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
-    """Canary a profile and roll it out if it is better."""
+@app.command()
+@tune_errors
+def apply(
+    profile: str = typer.Option(..., "--profile", help="Launch profile name or TOML path"),
+    canary: str = CANARY_OPT,
+    window_s: float = WINDOW_OPT,
+    settle_timeout_s: float = SETTLE_OPT,
+    restart_timeout_s: float = RESTART_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Canary a profile on one GPU, keep it if faster, roll it out to the rest."""
+    from config.launch_profile import load_profile
     from workers.tune.apply import apply_profile
+    from workers.tune.tables import object_table
 
-    report = apply_profile(_fleet(settings), load_profile(args.profile), args.canary, _timing(args))
-    print(json.dumps(report.to_json(), indent=1))
-    return RET_OK
+    settings = _settings()
+    report = apply_profile(_fleet(settings), load_profile(profile), canary,
+                           _timing(window_s, settle_timeout_s, restart_timeout_s)).to_json()
+    if as_json:
+        _print_json(report)
+    else:
+        _print_table(object_table("tune apply", report))
 
 
-def cmd_auto(args: argparse.Namespace, settings: Settings) -> int:
+@app.command()
+@tune_errors
+def auto(
+    max_trials: int = typer.Option(3, "--max-trials", min=1, help="Profiles tried at most"),
+    allow_lossy: bool = typer.Option(False, "--allow-lossy", help="Also try bf16 SSM / FP8 KV"),
+    canary: str = CANARY_OPT,
+    window_s: float = WINDOW_OPT,
+    settle_timeout_s: float = SETTLE_OPT,
+    restart_timeout_s: float = RESTART_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
     """Diagnose, trial and roll out, one GPU at a time."""
-    from workers.tune.auto import auto
+    from workers.tune.auto import auto as run_auto
+    from workers.tune.tables import object_table
 
-    report = auto(_fleet(settings), args.canary, _timing(args), args.max_trials, args.allow_lossy)
-    print(json.dumps(report.to_json(), indent=1))
-    return RET_OK
-
-
-COMMANDS = {
-    "snapshot": cmd_snapshot,
-    "diagnose": cmd_diagnose,
-    "plan": cmd_plan,
-    "apply": cmd_apply,
-    "auto": cmd_auto,
-}
+    settings = _settings()
+    report = run_auto(_fleet(settings), canary,
+                      _timing(window_s, settle_timeout_s, restart_timeout_s), max_trials,
+                      allow_lossy).to_json()
+    if as_json:
+        _print_json(report)
+    else:
+        _print_table(object_table("tune auto", report))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; errors the user can fix become one line on stderr."""
-    from workers.tune.fleet import TuneError
-
-    args = parser().parse_args(argv)
-    settings = load_settings()
+    """Run one command (``python -m workers.tune``); returns the exit code."""
     try:
-        return COMMANDS[args.command](args, settings)
-    except (InsufficientEvidence, snapshots.SnapshotError, ProfileError, DoesNotFit) as exc:
-        print(f"tune {args.command}: {exc}", file=sys.stderr)
-        return RET_INPUT
-    except (TuneError, redis.RedisError) as exc:
-        print(f"tune {args.command}: {exc}", file=sys.stderr)
-        return RET_FLEET
+        app(args=argv, prog_name="python -m workers.tune")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return RET_OK

@@ -1,0 +1,81 @@
+"""``enqueue``'s job-level request options, checked and turned into the job's SamplingSpec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from workers.errors import InputError, JobError
+from workers.jobs import SamplingSpec, load_spec
+from workers.sampling_params import SamplingError, job_params, translate
+from workers.store import Store
+
+NAMED = ("max_new_tokens", "temperature", "top_p")
+
+
+def _template_kwargs(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError("--chat-template-kwargs", None, f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InputError("--chat-template-kwargs", None, "must be a JSON object")
+    return value
+
+
+def _merge_named(named: dict[str, Any], params: dict[str, Any]) -> None:
+    """Move max_new_tokens / temperature / top_p given with --sampling to their own fields."""
+    for key in NAMED:
+        if key not in params:
+            continue
+        value = params.pop(key)
+        if named[key] is not None and named[key] != value:
+            raise InputError("--sampling", None, f"{key}={value} contradicts "
+                             f"--{key.replace('_', '-')} {named[key]}")
+        named[key] = value
+
+
+def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: float | None,
+                 sampling: list[str] | None, chat: bool, system_prompt: str | None,
+                 chat_template_kwargs: str | None, drop_unsupported: bool = False
+                 ) -> SamplingSpec:
+    """The job's SamplingSpec from the command line; InputError names a refused flag value.
+
+    ``--system-prompt`` and ``--chat-template-kwargs`` only exist in chat requests, so they
+    imply ``--chat``.
+    """
+    kwargs = _template_kwargs(chat_template_kwargs)
+    chat = chat or system_prompt is not None or kwargs is not None
+    try:
+        params = job_params(sampling or [])
+        translate(params, chat)  # keys a chat request has no field for
+    except SamplingError as exc:
+        raise InputError("--sampling", None, str(exc)) from None
+    named: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                             "top_p": top_p}
+    _merge_named(named, params)
+    return SamplingSpec(**named, params=params, chat=chat, system_prompt=system_prompt,
+                        chat_template_kwargs=kwargs, drop_unsupported=drop_unsupported)
+
+
+def resumed_sampling(store: Store, job: str, given: SamplingSpec) -> SamplingSpec:
+    """The recorded options of an existing job when none are given (a plain re-run resumes
+    it, and its input must read as it did when the job was created)."""
+    if given != SamplingSpec():
+        return given
+    try:
+        return load_spec(store, job).sampling
+    except JobError:
+        return given
+
+
+def dropped_note(dropped: dict[str, int]) -> str | None:
+    """One line on the row keys that are not sent to the engine (None when there are none)."""
+    if not dropped:
+        return None
+    listed = ", ".join(f"{k} ({n:,} rows)" for k, n in sorted(dropped.items()))
+    return (f"not sent to the engine: {listed}; 'user' and 'metadata' are OpenAI bookkeeping, "
+            "other keys were dropped by --drop-unsupported-sampling (counts in the job record)")
