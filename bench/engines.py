@@ -20,6 +20,7 @@ import redis
 from config.launch_profile import load_profile
 from config.settings import SimSettings
 from workers import jobstate
+from workers.delivery.ownership import live_holders
 from workers.capacity import EngineFlags, model_shape, plan_capacity
 from workers.sim.engine import accept_length, step_ms
 from workers.sim.flags import parse_args
@@ -170,12 +171,8 @@ class JobWatch:
 
     def _batches(self) -> tuple[int, int]:
         """(batches taken from the queue, batches done)."""
-        keys = jobstate.Keys(self.job)
-        pipe = self.r.pipeline()
-        pipe.hlen(keys.running)
-        pipe.scard(keys.done)
-        running, done = pipe.execute()
-        return running + done, done
+        done = self.r.scard(jobstate.Keys(self.job).done)
+        return len(live_holders(self.r, self.job)) + done, done
 
     def _loop(self) -> None:
         tl = self.timeline
