@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -42,9 +42,15 @@ class S3Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLEET_S3_", extra="ignore")
 
-    # Endpoint of an S3-compatible store (MinIO, moto); None means AWS itself.
+    # Endpoint of an S3-compatible store (MinIO, moto); None (or empty) means AWS itself.
     endpoint_url: str | None = None
     region: str | None = None
+
+    @field_validator("endpoint_url", "region", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        """An empty value in .env (``S3_ENDPOINT_URL=``) means "not set": AWS S3."""
+        return None if value == "" else value
     # Managed transfers: objects above the threshold go up (and down) in parts of chunk bytes.
     multipart_threshold_bytes: int = 64 * 2**20
     multipart_chunk_bytes: int = 16 * 2**20
@@ -59,6 +65,9 @@ class Settings(BaseSettings):
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
     # Result/staging store: file:///abs/path (embedded default) or s3://bucket/prefix.
     store_url: str = Field(default_factory=_default_store_url)
+    # enqueue refuses a store on this node (a folder, MinIO on the node: lost when a rented
+    # node is returned) unless this is set (workers/store_location.py).
+    allow_node_local_store: bool = False
 
     # --- engine -------------------------------------------------------------------------
     engine: Literal["sglang", "sim"] = "sim"

@@ -77,7 +77,10 @@ def fleet_env() -> Env:
         "FLEET_REDIS_URL": (f"${{FLEET_REDIS_URL:-redis://:{need('REDIS_PASSWORD')}@"
                             "${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0}"),
         "FLEET_STORE_URL": "s3://${S3_BUCKET:-fleet}/${S3_PREFIX:-runs}",
-        "FLEET_S3_ENDPOINT_URL": "${S3_ENDPOINT_URL:-http://minio:9000}",
+        # Empty means AWS S3. MinIO on this node is an explicit choice (S3_ENDPOINT_URL=
+        # http://minio:9000, profile minio, FLEET_ALLOW_NODE_LOCAL_STORE=1): its data is lost
+        # with the node (workers/store_location.py).
+        "FLEET_S3_ENDPOINT_URL": "${S3_ENDPOINT_URL:-}",
         "AWS_ACCESS_KEY_ID": need("AWS_ACCESS_KEY_ID"),
         "AWS_SECRET_ACCESS_KEY": need("AWS_SECRET_ACCESS_KEY"),
         "AWS_DEFAULT_REGION": "${AWS_DEFAULT_REGION:-us-east-1}",

@@ -90,6 +90,9 @@ def enqueue(
     top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
     reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
                                    "(same prompt, sampling and profile) instead of regenerating"),
+    allow_node_local_store: bool = typer.Option(
+        False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
+        "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
 ) -> None:
     """Stage INPUT in the store and enqueue every batch that is neither done nor pending."""
     from producer import render
@@ -99,8 +102,11 @@ def enqueue(
     from workers import app
     from workers.jobs import SamplingSpec, check_job_name
     from workers.sink import trigger_if_complete
+    from workers.store_location import locate, require_off_node
 
     settings = load_settings()
+    require_off_node(locate(settings.store_url, settings.s3.endpoint_url),
+                     allow_node_local_store or settings.allow_node_local_store)
     store, r = _open(settings)
     check_job_name(job)
     sampling = SamplingSpec(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -126,19 +132,22 @@ def status(
 ) -> None:
     """Progress, rate (requests/s, output tokens/s), ETA and the per-GPU view of a job."""
     from producer.status import job_status
+    from workers.store_location import locate
 
     settings = load_settings()
     store, r = _open(settings)
     spec = load_spec(store, job)
+    where = locate(settings.store_url, settings.s3.endpoint_url)
     if as_json and not watch:
-        sys.stdout.write(orjson.dumps(job_status(r, spec)).decode() + "\n")
+        sys.stdout.write(orjson.dumps(job_status(r, spec, where)).decode() + "\n")
         return
     from producer import render
 
     if watch:
-        render.watch(out(), lambda: job_status(r, spec), interval_s, as_json)
+        render.watch(out(), lambda: job_status(r, spec, where), interval_s, as_json)
     else:
-        out().print(render.status_table(job_status(r, spec)))
+        out().print(render.status_table(job_status(r, spec, where)))
+        err().print(f"store: {where.store_url} ({where.where}: {where.why})", soft_wrap=True)
 
 
 @cli.command()

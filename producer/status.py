@@ -10,6 +10,7 @@ import redis
 from workers import jobstate
 from workers.heartbeat import read_heartbeats
 from workers.jobs import JobSpec
+from workers.store_location import StoreLocation
 
 RATE_WINDOW_S = 60
 
@@ -31,8 +32,10 @@ def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[floa
     return rows / span, tokens / span
 
 
-def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
-    """One JSON-able object with the job's progress (keys are a contract for scripts)."""
+def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
+               ) -> dict[str, Any]:
+    """One JSON-able object with the job's progress (keys are a contract for scripts);
+    ``store`` says where the data lives (``where``: "node" or "off-node")."""
     keys = jobstate.Keys(spec.name)
     pipe = r.pipeline()
     pipe.hget(keys.job, "started_at")
@@ -59,4 +62,5 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
         "eta_hours": None if eta_h is None else round(eta_h, 4),
         "elapsed_s": round(time.time() - started_at, 1), "done": done,
         "workers": read_heartbeats(r),
+        "store": where.to_json() if where else None,
     }

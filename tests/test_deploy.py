@@ -446,3 +446,29 @@ def test_make_bucket_creates_the_store_bucket_once(moto_server, monkeypatch, cap
     assert make_bucket.main([]) == 1
 
 
+
+
+# --- issue 17: where the data lives, what reaches the containers, secrets -------------------
+
+
+def fleet_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Services that run this repository's code (built from its Dockerfile)."""
+    return {n: s for n, s in model["services"].items() if s.get("image") == compose_gen.FLEET_IMAGE}
+
+
+def test_an_empty_endpoint_means_aws_and_minio_is_an_explicit_choice(compose):
+    from config.settings import S3Settings
+    from workers.store_location import locate
+
+    env = env_example()
+    assert "minio" not in env["COMPOSE_PROFILES"].split(",")
+    for name, svc in fleet_services(interpolate(compose, env)).items():
+        svc_env = env_of(svc)
+        if "FLEET_STORE_URL" not in svc_env:
+            continue
+        endpoint = S3Settings(endpoint_url=svc_env["FLEET_S3_ENDPOINT_URL"]).endpoint_url
+        assert endpoint is None, name
+        assert locate(svc_env["FLEET_STORE_URL"], endpoint).where == "off-node", name
+    minio = env_of(interpolate(compose, {**env, "S3_ENDPOINT_URL": "http://minio:9000"})
+                   ["services"]["sink"])
+    assert locate(minio["FLEET_STORE_URL"], minio["FLEET_S3_ENDPOINT_URL"]).where == "node"
