@@ -121,13 +121,28 @@ def test_compose_file_follows_the_compose_specification(compose, interpolated):
         jsonschema.validate(compose_gen.build(gpus), schema, cls=jsonschema.Draft7Validator)
 
 
-def test_compose_needs_every_required_variable_from_env(compose):
-    env = env_example()
+def settings_in(svc_env: dict[str, str | None], monkeypatch: pytest.MonkeyPatch):
+    """config.settings.Settings as a container with environment ``svc_env`` reads it."""
+    from config.settings import Settings
+
+    for key in list(os.environ):
+        if key.startswith(("FLEET_", "REDIS_", "AWS_")):
+            monkeypatch.delenv(key)
+    for key, value in svc_env.items():
+        if value is not None:
+            monkeypatch.setenv(key, value)
+    return Settings()
+
+
+def test_compose_needs_every_required_variable_from_env(compose, monkeypatch):
+    env = {**env_example(), "REDIS_PASSWORD": "p/w#x?y@z"}
     with pytest.raises(KeyError, match="REDIS_PASSWORD"):
         interpolate(compose, {k: v for k, v in env.items() if k != "REDIS_PASSWORD"})
-    url = env_of(interpolate(compose, env)["services"]["gpu3"])["FLEET_REDIS_URL"]
-    assert url == f"redis://:{env['REDIS_PASSWORD']}@redis:6379/0"
-    managed = "rediss://:pw@redis.example:6379/0"
+    settings = settings_in(env_of(interpolate(compose, env)["services"]["gpu3"]), monkeypatch)
+    url = settings.redis_url.get_secret_value()
+    assert url == "redis://:p%2Fw%23x%3Fy%40z@redis:6379/0"
+    assert redis.Redis.from_url(url).connection_pool.connection_kwargs["password"] == "p/w#x?y@z"
+    managed = "rediss://:pw@redis.example:6379/0?ssl_cert_reqs=required"
     url = env_of(interpolate(compose, {**env, "FLEET_REDIS_URL": managed})["services"]["sink"])
     assert url["FLEET_REDIS_URL"] == managed
 
@@ -453,7 +468,7 @@ def test_make_bucket_creates_the_store_bucket_once(moto_server, monkeypatch, cap
 
 def fleet_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Services that run this repository's code (built from its Dockerfile)."""
-    return {n: s for n, s in model["services"].items() if s.get("image") == compose_gen.FLEET_IMAGE}
+    return {n: s for n, s in model["services"].items() if "build" in s}
 
 
 def test_an_empty_endpoint_means_aws_and_minio_is_an_explicit_choice(compose):
@@ -472,3 +487,49 @@ def test_an_empty_endpoint_means_aws_and_minio_is_an_explicit_choice(compose):
     minio = env_of(interpolate(compose, {**env, "S3_ENDPOINT_URL": "http://minio:9000"})
                    ["services"]["sink"])
     assert locate(minio["FLEET_STORE_URL"], minio["FLEET_S3_ENDPOINT_URL"]).where == "node"
+
+
+REAL_SECRETS = {"REDIS_PASSWORD": "0d9f8e7a6b5c", "AWS_ACCESS_KEY_ID": "fleetkey",
+                "AWS_SECRET_ACCESS_KEY": "3c2b1a0f9e8d", "FLOWER_PASSWORD": "a1b2c3d4e5f6",
+                "GRAFANA_PASSWORD": "f6e5d4c3b2a1"}
+TYPED = {"FLEET_S3_REGION": ("eu-central-1", lambda s: s.s3.region),
+         "FLEET_ENGINE_WAIT_S": ("123", lambda s: s.engine_wait_s),
+         "FLEET_POISON_CRASHES": ("7", lambda s: s.poison_crashes),
+         "FLEET_STORE_RETRY_ATTEMPTS": ("4", lambda s: s.store_retry_attempts),
+         "FLEET_SHARD_ROWS": ("5000", lambda s: s.shard_rows),
+         "FLEET_REQUEST_TIMEOUT_S": ("99", lambda s: s.request_timeout_s)}
+
+
+def test_every_fleet_setting_in_env_reaches_every_fleet_container(compose, monkeypatch):
+    """Every FLEET_* config/settings.py reads or .env.example names, set in .env, arrives in
+    every fleet container; only the Redis part skips the bucket job and the store part skips
+    Flower (they need neither), and the per-container values stay the generator's."""
+    from config.settings import Settings
+
+    named = set(re.findall(r"^#?\s*(FLEET_[A-Z0-9_]+)=", ENV_EXAMPLE.read_text(), re.M))
+    names = (set(compose_gen.setting_names()) | named) - set(compose_gen.GENERATED)
+    names.discard("FLEET_IMAGE")  # the image of the services, not a setting
+    env = {**env_example(), **REAL_SECRETS, **{n: f"v-{n.lower()}" for n in names}}
+    model = interpolate(compose, env)
+    redis_part, store_part = set(compose_gen.redis_env()), set(compose_gen.store_env())
+    services = fleet_services(model)
+    assert {"sink", "flower", "createbucket", "model-download", "gpu0", "gpu6"} <= set(services)
+    for name, svc in services.items():
+        svc_env = env_of(svc)
+        for var in names:
+            if var in redis_part and name in {"createbucket", "model-download"}:
+                assert var not in svc_env, (name, var)
+            elif var in store_part and name in {"flower", "model-download"}:
+                assert var not in svc_env, (name, var)
+            else:
+                assert svc_env.get(var) == f"v-{var.lower()}", (name, var)
+    gpu = env_of(model["services"]["gpu2"])
+    assert (gpu["FLEET_CUDA_DEVICE"], gpu["FLEET_ENGINE"], gpu["FLEET_LOG_DIR"]) == (
+        "0", "sglang", "/app/logs")
+    assert "FLEET_GPU" not in gpu
+    # The values are read as settings inside the container; unset ones keep their defaults.
+    typed = {**env_example(), **REAL_SECRETS, **{k: v for k, (v, _) in TYPED.items()}}
+    settings = settings_in(env_of(interpolate(compose, typed)["services"]["gpu2"]), monkeypatch)
+    for var, (value, read) in TYPED.items():
+        assert str(read(settings)).removesuffix(".0") == value, var
+    assert settings.visibility_timeout_s == Settings.model_fields["visibility_timeout_s"].default
