@@ -188,6 +188,7 @@ def redis() -> Service:
         "environment": {"REDIS_PASSWORD": need("REDIS_PASSWORD"),
                         "REDISCLI_AUTH": need("REDIS_PASSWORD")},
         "volumes": ["redis-data:/data"],
+        "depends_on": CHECKED,
         # It listens on REDIS_PORT inside and out, so every node uses the same REDIS_PORT.
         "ports": ["${REDIS_BIND:-127.0.0.1}:${REDIS_PORT:-6379}:${REDIS_PORT:-6379}"],
         "healthcheck": healthcheck(
@@ -206,10 +207,24 @@ def minio() -> Service:
         "environment": {"MINIO_ROOT_USER": need("AWS_ACCESS_KEY_ID"),
                         "MINIO_ROOT_PASSWORD": need("AWS_SECRET_ACCESS_KEY")},
         "volumes": ["minio-data:/data"],
+        "depends_on": CHECKED,
         "ports": ["${MINIO_BIND:-127.0.0.1}:9000:9000", "127.0.0.1:9001:9001"],
         "healthcheck": healthcheck(["CMD", "mc", "ready", "local"], "10s"),
         "restart": "unless-stopped",
     }
+
+
+def preflight() -> Service:
+    """One-shot: refuse placeholder secrets (deploy/preflight.py) before anything starts."""
+    secrets = ("REDIS_PASSWORD", "FLOWER_PASSWORD", "GRAFANA_PASSWORD", "AWS_ACCESS_KEY_ID",
+               "AWS_SECRET_ACCESS_KEY")
+    return {**fleet_base(), "profiles": ["head"], "command": ["python", "-m", "deploy.preflight"],
+            "environment": {name: need(name) for name in secrets}, "volumes": [],
+            "restart": "no"}
+
+
+# Services that must not start with a placeholder secret wait for the preflight job.
+CHECKED = depends(preflight="service_completed_successfully")
 
 
 def createbucket() -> Service:
@@ -233,7 +248,7 @@ def flower() -> Service:
         # Redis only: Flower never touches the store, so it gets no AWS keys.
         "environment": {**settings_env(), **redis_env(), "FLOWER_BASIC_AUTH": auth},
         "ports": ["${FLOWER_BIND:-127.0.0.1}:5555:5555"],
-        "depends_on": depends(redis="service_healthy"),
+        "depends_on": {**CHECKED, **depends(redis="service_healthy")},
         "healthcheck": healthcheck(["CMD", "python", "-m", "deploy.healthcheck", "http",
                                     "http://127.0.0.1:5555/healthcheck"]),
     }
@@ -283,7 +298,7 @@ def grafana() -> Service:
                     "./config/grafana/dashboards:/etc/grafana/dashboards:ro",
                     "grafana-data:/var/lib/grafana"],
         "ports": ["${GRAFANA_BIND:-127.0.0.1}:3000:3000"],
-        "depends_on": depends(prometheus="service_healthy"),
+        "depends_on": {**CHECKED, **depends(prometheus="service_healthy")},
         "healthcheck": healthcheck(
             ["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:3000/api/health"]),
         "restart": "unless-stopped",
@@ -307,7 +322,8 @@ def build(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> Ser
     if gpus < 1:
         raise ValueError("need at least one GPU")
     services: Service = {
-        "redis": redis(), "minio": minio(), "createbucket": createbucket(),
+        "preflight": preflight(), "redis": redis(), "minio": minio(),
+        "createbucket": createbucket(),
         "flower": flower(), "sink": sink(),
         **{f"gpu{g}": gpu_worker(g, stagger_s) for g in range(gpus)},
         "prometheus": prometheus(), "grafana": grafana(), "model-download": model_download(),

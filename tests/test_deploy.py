@@ -35,7 +35,7 @@ pytest_plugins = ["tests.s3fixture"]  # the moto_server fixture
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec.json"
 ENV_EXAMPLE = ROOT / ".env.example"
-ONE_SHOT = {"createbucket", "model-download"}
+ONE_SHOT = {"preflight", "createbucket", "model-download"}
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH|_KEY$|REDIS_URL", re.IGNORECASE)
 GPU_SERVICE = re.compile(r"^gpu(\d+)$")
 PY = str(Path(sys.executable).parent)
@@ -335,7 +335,10 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
     procfile = tmp_path / "Procfile"
     procfile.write_text(procfile_gen.render(2, 1, redis_port=redis_port,
                                             redis_dir=str(tmp_path / "redis")))
+    # Redis runs with the password of .env, which needs quoting in a URL; the workers use it.
+    password = "h0n/cho#pw?x=1"
     env = {**fleet_env, "FLEET_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+           "REDIS_PASSWORD": password,
            "FLEET_METRICS_ENABLED": "false", "PATH": f"{PY}:{os.environ['PATH']}"}
     node_a = start_honcho(procfile, env, tmp_path / "honcho.log", "redis", "gpu0", "gpu1")
     env_b = {**env, "FLEET_ENGINE_BASE_PORT": str(free_port_block(2)),
@@ -344,8 +347,10 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
     host = socket.gethostname()
     nodes_a = {f"gpu0@{host}", f"gpu1@{host}"}
     try:
-        client = redis.Redis(port=redis_port)
+        client = redis.Redis(port=redis_port, password=password)
         wait_heartbeats(client, nodes_a | {node_b.node})
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=redis_port).ping()
         prompts = write_prompts(tmp_path / "prompts.jsonl", 80)
         res = run_producer(env, "enqueue", str(prompts), "--job", "twonodes",
                            "--batch-size", "10")
@@ -357,6 +362,7 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
                 for n in nodes_a | {node_b.node}}
         assert rows[node_b.node] > 0 and sum(rows[n] for n in nodes_a) > 0, rows
         assert "waiting 1 s before starting" in (tmp_path / "honcho.log").read_text()
+        assert "cho#pw" not in (tmp_path / "honcho.log").read_text()
     finally:
         node_b.stop(grace_s=20)
         stop_process(node_a, grace_s=30)
@@ -513,6 +519,7 @@ def test_every_fleet_setting_in_env_reaches_every_fleet_container(compose, monke
     model = interpolate(compose, env)
     redis_part, store_part = set(compose_gen.redis_env()), set(compose_gen.store_env())
     services = fleet_services(model)
+    services.pop("preflight")  # only checks the secrets of .env; reads no setting
     assert {"sink", "flower", "createbucket", "model-download", "gpu0", "gpu6"} <= set(services)
     for name, svc in services.items():
         svc_env = env_of(svc)
@@ -533,3 +540,35 @@ def test_every_fleet_setting_in_env_reaches_every_fleet_container(compose, monke
     for var, (value, read) in TYPED.items():
         assert str(read(settings)).removesuffix(".0") == value, var
     assert settings.visibility_timeout_s == Settings.model_fields["visibility_timeout_s"].default
+
+
+def test_placeholder_secrets_stop_the_head_services_before_they_start(compose):
+    services = compose["services"]
+    for name in ("redis", "minio", "flower", "grafana"):
+        dep = services[name]["depends_on"]["preflight"]
+        assert dep["condition"] == "service_completed_successfully", name
+    check = env_of(interpolate(compose, env_example())["services"]["preflight"])
+    res = subprocess.run([sys.executable, "-m", *services["preflight"]["command"][2:]],
+                         env={**os.environ, **check}, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr
+    for var in ("REDIS_PASSWORD", "FLOWER_PASSWORD", "GRAFANA_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
+        assert var in res.stderr
+    real = env_of(interpolate(compose, {**env_example(), **REAL_SECRETS})["services"]["preflight"])
+    res = subprocess.run([sys.executable, "-m", "deploy.preflight"], cwd=ROOT,
+                         env={**os.environ, **real}, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    procs = parse_procfile((ROOT / "Procfile").read_text())
+    assert procs["redis"].startswith("python -m deploy.preflight redis && ")
+    assert '--requirepass "$REDIS_PASSWORD"' in procs["redis"]
+
+
+def test_each_service_gets_only_the_secrets_it_needs(compose):
+    services = compose["services"]
+    assert not [k for k in env_of(services["flower"]) if k.startswith("AWS_")]
+    bucket = env_of(services["createbucket"])
+    assert not [k for k in bucket if "REDIS" in k]
+    download = env_of(services["model-download"])
+    assert not [k for k in download if k.startswith("AWS_") or "REDIS" in k]
+    for name in ("redis", "prometheus", "grafana", "minio"):
+        assert not [k for k in env_of(services[name]) if k.startswith(("AWS_", "FLEET_"))
+                    and name != "minio"], name
