@@ -19,7 +19,7 @@ import typer
 
 from config.settings import Settings, load_settings
 from workers.errors import FleetError, InputError, JobError
-from workers.jobs import load_spec
+from workers.jobs import check_job_name, load_spec
 from workers.store import Store, open_store
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ def friendly_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            for name in ("job", "reuse_from"):  # every command checks its job names first
+                if isinstance(kwargs.get(name), str):
+                    check_job_name(kwargs[name])
             return fn(*args, **kwargs)
         except InputError as exc:
             err().print(f"error: {exc}", soft_wrap=True)
@@ -100,7 +103,7 @@ def enqueue(
     from producer.readers import read_rows
     from producer.reuse import reuse_hook
     from workers import app
-    from workers.jobs import SamplingSpec, check_job_name
+    from workers.jobs import SamplingSpec
     from workers.sink import trigger_if_complete
     from workers.store_location import locate, require_off_node
 
