@@ -35,3 +35,12 @@ def test_every_command_refuses_a_name_with_a_trailing_newline(fleet_env, tmp_pat
         assert res.returncode == RET_JOB, (args, res.stderr)
         assert "invalid job name" in res.stderr and "Traceback" not in res.stderr, args
     assert r.keys("*") == []  # nothing was written for any of them
+
+
+def test_gpu_queue_names_are_matched_in_full():
+    from workers.context import gpu_from_queues
+    from workers.errors import FleetError
+
+    assert gpu_from_queues(["gpu3", "gpu"], None) == 3
+    with pytest.raises(FleetError):
+        gpu_from_queues(["gpu3\n", "gpu"], None)
