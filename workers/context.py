@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from workers.errors import FleetError
 
-_GPU_QUEUE = re.compile(r"gpu(\d+)")  # matched in full: not "gpu0\\n"
+_GPU_QUEUE = re.compile(r"gpu(\d+)")  # matched in full: not "gpu0\n"
 
 
 @dataclass(frozen=True)
