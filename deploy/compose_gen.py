@@ -40,6 +40,8 @@ IMAGES = {
 }
 FLEET_IMAGE = "${FLEET_IMAGE:-gpu-fleet:latest}"
 MODEL_CACHE_TARGET = "/root/.cache/huggingface"
+# How long `docker compose stop/down/up -d` lets a GPU worker hand its batches back.
+GRACE = "${STOP_GRACE_PERIOD:-5m}"
 
 # Set by this file per service, whatever .env says: a container's one GPU is CUDA device 0
 # while its queue names the host GPU (FLEET_GPU would change the queue), and logs go to the
@@ -151,9 +153,12 @@ def gpu_base() -> Service:
                               createbucket="service_completed_successfully"),
         "shm_size": "16gb",
         "ulimits": {"memlock": -1, "stack": 67108864},
-        # A warm shutdown waits for running batches; past this, SIGKILL, and the lease brings
-        # them back within ~35 s with their finished prompts kept.
-        "stop_grace_period": "2m",
+        # On SIGTERM a worker stops consuming and hands its batches back (answered prompts
+        # stored, the rest requeued), then stops its engine. A batch runs 5-15 min, so this is
+        # not meant to let it finish: it covers the hand-back through a slow store (store
+        # retries, ~2.5 min at worst) and the engine's stop (FLEET_ENGINE_STOP_GRACE_S + 5 s).
+        # Past it, SIGKILL: the lease brings the batches back within ~35 s, prompts kept.
+        "stop_grace_period": GRACE,
     }
 
 

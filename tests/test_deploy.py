@@ -572,3 +572,28 @@ def test_each_service_gets_only_the_secrets_it_needs(compose):
     for name in ("redis", "prometheus", "grafana", "minio"):
         assert not [k for k in env_of(services[name]) if k.startswith(("AWS_", "FLEET_"))
                     and name != "minio"], name
+
+
+def duration_s(text: str) -> float:
+    """Seconds of a Compose duration ('5m', '1m30s', '90s')."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", text))
+
+
+def test_stop_grace_covers_handing_batches_back_through_a_slow_store(compose):
+    """The grace period is for the hand-back (store retries at their worst, then the engine's
+    stop), not for finishing a batch; it comes from .env (STOP_GRACE_PERIOD) when set."""
+    from config.settings import Settings
+    from workers.store import store_policy
+
+    settings = Settings()
+    policy = store_policy(settings)
+    # workers/retry.py backoff_s at its longest (full jitter) between every two attempts.
+    worst_store_s = sum(min(policy.max_s, policy.base_s * 2 ** (a - 1)) * (1 + policy.jitter)
+                        for a in range(1, policy.max_attempts))
+    engine_stop_s = settings.engine_stop_grace_s + 5  # workers/engine.py Engine.stop
+    model = interpolate(compose, env_example())
+    for gpu, svc in gpu_services(model).items():
+        assert duration_s(svc["stop_grace_period"]) >= worst_store_s + engine_stop_s, gpu
+    custom = interpolate(compose, {**env_example(), "STOP_GRACE_PERIOD": "7m"})
+    assert custom["services"]["gpu0"]["stop_grace_period"] == "7m"
