@@ -40,6 +40,8 @@ IMAGES = {
 }
 FLEET_IMAGE = "${FLEET_IMAGE:-gpu-fleet:latest}"
 MODEL_CACHE_TARGET = "/root/.cache/huggingface"
+# Exporter of gpuN: FLEET_METRICS_BASE_PORT + N (keep the default in containers: published).
+METRICS_BASE_PORT = 9360
 # How long `docker compose stop/down/up -d` lets a GPU worker hand its batches back.
 GRACE = "${STOP_GRACE_PERIOD:-5m}"
 
@@ -135,8 +137,8 @@ def fleet_base() -> Service:
 
 def gpu_env() -> Env:
     """What a GPU worker adds to the fleet environment."""
-    # The metrics exporter (port 9360 + N) must answer Prometheus on the compose network; it is
-    # not published on the host.
+    # The metrics exporter (port 9360 + N) answers Prometheus on the compose network and, on
+    # METRICS_BIND, Prometheus on another node.
     return {"FLEET_ENGINE": "sglang", "FLEET_CUDA_DEVICE": "0", "HF_HUB_OFFLINE": "1",
             "FLEET_METRICS_HOST": "0.0.0.0"}
 
@@ -166,10 +168,14 @@ def gpu_worker(gpu: int, stagger_s: float) -> Service:
     """Worker ``gpuN``: owns host GPU N (CUDA device 0 in the container) and its engine."""
     celery = ["celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"gpu{gpu}@%h",
               "-l", "INFO"]
+    port = METRICS_BASE_PORT + gpu
     return {
         **gpu_base(),
         "command": ["python", "-m", "deploy.supervise", "--delay", f"{gpu * stagger_s:g}", "--",
                     *celery],
+        # Its exporter only (never the engine): 127.0.0.1 unless METRICS_BIND names the node's
+        # private address, for a Prometheus on another node (docs/security.md).
+        "ports": [f"${{METRICS_BIND:-127.0.0.1}}:{port}:{port}"],
         "deploy": {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "device_ids": [str(gpu)], "capabilities": ["gpu"]}]}}},
         # A model load takes minutes: failures count only after the start period (the

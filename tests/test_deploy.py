@@ -164,7 +164,12 @@ def test_every_gpu_service_reserves_exactly_its_gpu(gpus):
         assert env["FLEET_CUDA_DEVICE"] == "0" and "FLEET_GPU" not in env
         assert env["FLEET_ENGINE"] == "sglang"
         assert env["FLEET_METRICS_HOST"] == "0.0.0.0"  # Prometheus scrapes it from its container
-        assert "ports" not in svc  # the engine stays on 127.0.0.1 inside the container
+        # The exporter alone is published (Prometheus on another node); the engine stays on
+        # 127.0.0.1 inside the container.
+        from config.settings import Settings
+
+        port = Settings.model_fields["metrics_base_port"].default + gpu
+        assert svc["ports"] == [f"${{METRICS_BIND:-127.0.0.1}}:{port}:{port}"]
     others = {n: s for n, s in model["services"].items() if not GPU_SERVICE.match(n)}
     assert not [n for n, s in others.items() if "deploy" in s or "gpus" in s]
 
@@ -597,3 +602,17 @@ def test_stop_grace_covers_handing_batches_back_through_a_slow_store(compose):
         assert duration_s(svc["stop_grace_period"]) >= worst_store_s + engine_stop_s, gpu
     custom = interpolate(compose, {**env_example(), "STOP_GRACE_PERIOD": "7m"})
     assert custom["services"]["gpu0"]["stop_grace_period"] == "7m"
+
+
+def test_exporters_are_published_on_metrics_bind_only(compose):
+    from config.settings import Settings
+
+    base = Settings.model_fields["metrics_base_port"].default
+    env = {**env_example(), "METRICS_BIND": "10.0.0.7"}
+    model = interpolate(compose, env)
+    workers = gpu_services(model)
+    published = sorted(p for svc in workers.values() for p in svc["ports"])
+    assert published == sorted(f"10.0.0.7:{base + g}:{base + g}" for g in workers)
+    default = interpolate(compose, env_example())
+    assert all(p.startswith("127.0.0.1:") for svc in default["services"].values()
+               for p in svc.get("ports", [])), "every port is on loopback unless .env says"

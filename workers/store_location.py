@@ -37,10 +37,17 @@ class StoreLocation:
         """Whether the data is lost when this node goes back."""
         return self.where == ON_NODE
 
-    def to_json(self) -> dict[str, str | None]:
+    @property
+    def tls(self) -> bool | None:
+        """Whether the store is reached over TLS (None for a folder)."""
+        if self.store_url.startswith("file:"):
+            return None
+        return self.endpoint is None or self.endpoint.startswith("https://")
+
+    def to_json(self) -> dict[str, str | bool | None]:
         """The ``store`` object of ``status --json``."""
         return {"where": self.where, "url": self.store_url, "endpoint": self.endpoint,
-                "why": self.why}
+                "tls": self.tls, "why": self.why}
 
 
 def _local_host(host: str) -> bool:
@@ -66,7 +73,8 @@ def locate(store_url: str, endpoint_url: str | None) -> StoreLocation:
     if _local_host(host):
         return StoreLocation(ON_NODE, store_url, endpoint_url,
                              f"S3 endpoint {host} is served from this node (MinIO?)")
-    return StoreLocation(OFF_NODE, store_url, endpoint_url, f"S3 endpoint {host}")
+    clear = "" if endpoint_url.startswith("https://") else " over plain HTTP (not encrypted)"
+    return StoreLocation(OFF_NODE, store_url, endpoint_url, f"S3 endpoint {host}{clear}")
 
 
 def require_off_node(loc: StoreLocation, allowed: bool) -> None:
