@@ -40,6 +40,23 @@ IMAGES = {
 }
 FLEET_IMAGE = "${FLEET_IMAGE:-gpu-fleet:latest}"
 MODEL_CACHE_TARGET = "/root/.cache/huggingface"
+# Kernel caches compiled at engine start (FlashInfer, Triton, TorchInductor, SGLang's own
+# root, the CUDA driver's PTX cache) live on a volume, so a recreated container does not
+# compile them again. FlashInfer appends .cache/flashinfer to its base.
+JIT_CACHE = "/root/.cache/jit"
+JIT_ENV = {"SGLANG_JIT_CACHE_ROOT": f"{JIT_CACHE}/sglang",
+           "FLASHINFER_WORKSPACE_BASE": JIT_CACHE,
+           "TRITON_CACHE_DIR": f"{JIT_CACHE}/triton",
+           "TORCHINDUCTOR_CACHE_DIR": f"{JIT_CACHE}/torchinductor",
+           "TORCH_EXTENSIONS_DIR": f"{JIT_CACHE}/torch_extensions",
+           "CUDA_CACHE_PATH": f"{JIT_CACHE}/cuda"}
+# Open files: an engine and its client hold thousands of sockets and files (SGLang's docs
+# raise the limit before launching a server).
+NOFILE = 1_048_576
+# Container logs rotate (json-file: max-size per file, max-file files kept).
+LOGGING = {"driver": "json-file",
+           "options": {"max-size": "${LOG_MAX_SIZE:-100m}", "max-file": "${LOG_MAX_FILE:-5}"}}
+
 # Exporter of gpuN: FLEET_METRICS_BASE_PORT + N (keep the default in containers: published).
 METRICS_BASE_PORT = 9360
 # How long `docker compose stop/down/up -d` lets a GPU worker hand its batches back.
@@ -126,12 +143,17 @@ def fleet_base() -> Service:
     """What every service built from this repository's Dockerfile shares (``x-fleet``)."""
     return {
         "image": FLEET_IMAGE,
-        "build": {"context": ".", "dockerfile": "Dockerfile"},
+        # The base image by digest (SGLANG_IMAGE=<name>@sha256:...); the Dockerfile refuses a
+        # bare tag unless ALLOW_UNPINNED_BASE=1.
+        "build": {"context": ".", "dockerfile": "Dockerfile",
+                  "args": {"SGLANG_IMAGE": "${SGLANG_IMAGE:-lmsysorg/sglang:v0.5.11}",
+                           "ALLOW_UNPINNED_BASE": "${ALLOW_UNPINNED_BASE:-0}"}},
         "init": True,
         "hostname": need("NODE_NAME"),
         "environment": fleet_env(),
         "volumes": ["./logs:/app/logs"],
         "restart": "unless-stopped",
+        "logging": LOGGING,
     }
 
 
@@ -140,7 +162,7 @@ def gpu_env() -> Env:
     # The metrics exporter (port 9360 + N) answers Prometheus on the compose network and, on
     # METRICS_BIND, Prometheus on another node.
     return {"FLEET_ENGINE": "sglang", "FLEET_CUDA_DEVICE": "0", "HF_HUB_OFFLINE": "1",
-            "FLEET_METRICS_HOST": "0.0.0.0"}
+            "FLEET_METRICS_HOST": "0.0.0.0", **JIT_ENV}
 
 
 def gpu_base() -> Service:
@@ -150,11 +172,12 @@ def gpu_base() -> Service:
         "environment": {**fleet_env(), **gpu_env()},
         "volumes": [{"type": "bind", "source": need("MODEL_CACHE"),
                      "target": MODEL_CACHE_TARGET, "read_only": True},
-                    "./logs:/app/logs"],
+                    "./logs:/app/logs", f"jit-cache:{JIT_CACHE}"],
         "depends_on": depends(redis="service_healthy",
                               createbucket="service_completed_successfully"),
         "shm_size": "16gb",
-        "ulimits": {"memlock": -1, "stack": 67108864},
+        "ulimits": {"memlock": -1, "stack": 67108864,
+                    "nofile": {"soft": NOFILE, "hard": NOFILE}},
         # On SIGTERM a worker stops consuming and hands its batches back (answered prompts
         # stored, the rest requeued), then stops its engine. A batch runs 5-15 min, so this is
         # not meant to let it finish: it covers the hand-back through a slow store (store
@@ -277,6 +300,7 @@ def sink() -> Service:
                                     "sink@%h"], "60s"),
         # Where `docker compose exec sink python -m producer ...` reads prompts and exports.
         "volumes": ["./logs:/app/logs", "./data:/app/data"],
+        "ulimits": {"nofile": {"soft": NOFILE, "hard": NOFILE}},
         "stop_grace_period": "2m",
     }
 
@@ -339,8 +363,10 @@ def build(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> Ser
         **{f"gpu{g}": gpu_worker(g, stagger_s) for g in range(gpus)},
         "prometheus": prometheus(), "grafana": grafana(), "model-download": model_download(),
     }
+    for service in services.values():
+        service.setdefault("logging", LOGGING)
     volumes: Service = {name: {} for name in ("redis-data", "minio-data", "prometheus-data",
-                                               "grafana-data")}
+                                               "grafana-data", "jit-cache")}
     return {"name": "gpu-fleet", "services": services, "volumes": volumes}
 
 

@@ -616,3 +616,50 @@ def test_exporters_are_published_on_metrics_bind_only(compose):
     default = interpolate(compose, env_example())
     assert all(p.startswith("127.0.0.1:") for svc in default["services"].values()
                for p in svc.get("ports", [])), "every port is on loopback unless .env says"
+
+
+def test_gpu_workers_have_open_files_kernel_caches_and_rotating_logs(compose):
+    from workers.engine import engine_base_env
+
+    model = interpolate(compose, env_example())
+    for gpu, svc in gpu_services(model).items():
+        nofile = svc["ulimits"]["nofile"]
+        assert nofile["soft"] == nofile["hard"] >= 65536, gpu  # SGLang's own advice: 65535+
+        cache = next(v for v in svc["volumes"] if isinstance(v, str) and v.startswith("jit-"))
+        volume, target = cache.split(":")
+        assert volume in model["volumes"]
+        env = env_of(svc)
+        jit = {k: v for k, v in env.items() if k in compose_gen.JIT_ENV}
+        assert jit and all(v.startswith(target) for v in jit.values()), gpu
+        # The engine inherits them (workers/engine.py keeps only what it needs).
+        assert set(jit) <= set(engine_base_env({k: v or "" for k, v in env.items()})), gpu
+    for name, svc in model["services"].items():
+        options = svc["logging"]["options"]
+        assert svc["logging"]["driver"] == "json-file" and options["max-size"], name
+        assert int(options["max-file"]) >= 1, name
+
+
+def test_the_image_is_pinned_by_digest_or_the_build_refuses(compose):
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip()
+             and not line.startswith("#")]
+    assert lines[1] == "FROM ${SGLANG_IMAGE}"
+    check = next(i for i, line in enumerate(lines) if "check_pinned.sh" in line
+                 and line.startswith("RUN"))
+    pip = next(i for i, line in enumerate(lines) if "pip install" in line)
+    assert check < pip, "the check runs before anything is installed"
+    assert "requirements.lock" in lines[pip] and any(
+        line.startswith("COPY") and "requirements.lock" in line for line in lines[:pip])
+    build = compose["services"]["gpu0"]["build"]["args"]
+    assert "SGLANG_IMAGE" in build and "ALLOW_UNPINNED_BASE" in build
+    script = str(ROOT / "deploy" / "check_pinned.sh")
+    tag = interpolate(build, env_example())["SGLANG_IMAGE"]
+    refused = subprocess.run(["sh", script, tag, "0"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "not pinned by digest" in refused.stderr
+    warned = subprocess.run(["sh", script, tag, "1"], capture_output=True, text=True)
+    assert warned.returncode == 0 and "WARNING" in warned.stderr
+    pinned = f"{tag.split(':')[0]}@sha256:{'0a' * 32}"
+    ok = subprocess.run(["sh", script, pinned, "0"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    short = subprocess.run(["sh", script, f"{pinned[:-2]}", "0"], capture_output=True, text=True)
+    assert short.returncode == 1
