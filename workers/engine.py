@@ -48,7 +48,7 @@ ENGINE_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "T
                               "XDG_CACHE_HOME"})
 ENGINE_ENV_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGINGFACE_",
                        "TRANSFORMERS_", "SGLANG_", "FLASHINFER_", "TRITON_", "TORCH", "OMP_",
-                       "MKL_", "FLEET_SIM_")
+                       "MKL_", "TOKENIZERS_", "FLEET_SIM_")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
 

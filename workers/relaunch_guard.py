@@ -110,6 +110,13 @@ def _bad_levers(base: LaunchProfile, wanted: LaunchProfile) -> list[str]:
     return bad
 
 
+def _merged(base: dict[str, FlagValue], wanted: dict[str, FlagValue]) -> dict[str, FlagValue]:
+    """The base's flags (its own values) with the vetted lever values of ``wanted``."""
+    flags = {k: v for k, v in base.items() if k not in LEVERS or k in wanted}
+    flags.update({k: v for k, v in wanted.items() if k in LEVERS})
+    return flags
+
+
 def _concurrency(value: int | None) -> int | None:
     if value is not None and not 1 <= value <= MAX_CLIENT_CONCURRENCY:
         raise RelaunchRefused(f"client_concurrency {value} outside 1..{MAX_CLIENT_CONCURRENCY}")
@@ -141,7 +148,7 @@ def vet(payload: object, known: Iterable[LaunchProfile]) -> LaunchProfile:
                 raise RelaunchRefused("environment variables are not accepted over the wire")
             return base.model_copy(update={
                 "name": wanted.name, "description": wanted.description[:MAX_DESCRIPTION],
-                "flags": dict(wanted.flags),
+                "flags": _merged(base.flags, wanted.flags),
                 "client_concurrency": _concurrency(wanted.client_concurrency)})
         errors.append(f"{base.name}: {', '.join(bad)}")
     raise RelaunchRefused(f"profile {wanted.name!r} changes flags outside the tuner's levers "
