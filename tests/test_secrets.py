@@ -70,7 +70,8 @@ def test_redis_password_with_url_characters_works_and_stays_out_of_logs_and_engi
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "REDIS_PASSWORD",
                  "FLEET_REDIS_URL", "FLEET_STORE_URL"):
         assert name not in engine_env, name
-    assert engine_env["CUDA_VISIBLE_DEVICES"] == "0" and "FLEET_SIM_SPEED" in engine_env
+    assert engine_env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "FLEET_SIM_SPEED" in engine_env and "FLEET_SIM_MEAN_OUTPUT_TOKENS" in engine_env
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").rglob("*.log"))
     assert "celery@" in logs or "ready" in logs  # the worker did log
     for fragment in FRAGMENTS:
@@ -82,10 +83,11 @@ def test_engine_environment_keeps_what_the_engine_needs_only():
                            "SGLANG_ENABLE_SPEC_V2": "1", "HF_HOME": "/hf", "HF_TOKEN": "t",
                            "AWS_SECRET_ACCESS_KEY": "s", "FLEET_REDIS_URL": "redis://x",
                            "REDIS_PASSWORD": "p", "FLEET_SIM_SPEED": "3",
+                           "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40", "HF_HUB_TOKEN": "t",
                            "TRITON_CACHE_DIR": "/c"})
     assert env == {"PATH": "/bin", "HOME": "/root", "CUDA_HOME": "/cuda",
                    "SGLANG_ENABLE_SPEC_V2": "1", "HF_HOME": "/hf", "FLEET_SIM_SPEED": "3",
-                   "TRITON_CACHE_DIR": "/c"}
+                   "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40", "TRITON_CACHE_DIR": "/c"}
 
 
 def test_placeholder_secrets_are_refused_naming_the_variable_only():

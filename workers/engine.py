@@ -49,14 +49,17 @@ ENGINE_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "T
 ENGINE_ENV_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGINGFACE_",
                        "TRANSFORMERS_", "SGLANG_", "FLASHINFER_", "TRITON_", "TORCH", "OMP_",
                        "MKL_", "TOKENIZERS_", "FLEET_SIM_")
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+# A name with one of these words (between underscores) is a secret: HF_TOKEN, *_SECRET_*,
+# *_KEY. Whole words only: FLEET_SIM_MEAN_OUTPUT_TOKENS is a setting, not a token.
+SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL",
+                          "CREDENTIALS", "AUTH"})
 
 
 def engine_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the worker's environment the engine gets (see ENGINE_ENV_PREFIXES)."""
     return {k: v for k, v in environ.items()
             if (k in ENGINE_ENV_NAMES or k.startswith(ENGINE_ENV_PREFIXES))
-            and not any(word in k for word in SECRET_WORDS)}
+            and SECRET_WORDS.isdisjoint(k.split("_"))}
 
 
 @dataclass(frozen=True)
