@@ -280,6 +280,7 @@ def local_fleet(prefix: str, **env: str) -> Iterator[Fleet]:
     base.update({
         "FLEET_REDIS_URL": server.url,
         "FLEET_STORE_URL": (workdir / "store").as_uri(),
+        "FLEET_ALLOW_NODE_LOCAL_STORE": "1",
         "FLEET_ENGINE": "sim",
         "FLEET_PROFILE": PROFILE,
         "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),

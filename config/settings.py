@@ -9,19 +9,54 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# What .env.example ships with: a deployment that still holds one of these is refused.
+PLACEHOLDERS = frozenset({"change-me", "changeme", "change_me", "password", "secret"})
 
 
 def _default_store_url() -> str:
     return (Path.cwd() / "fleet-data").as_uri()
 
 
+def is_placeholder(value: str | None) -> bool:
+    """Whether ``value`` is a placeholder secret (``change-me``) rather than a real one."""
+    return value is not None and value.strip().lower() in PLACEHOLDERS
+
+
+def redis_url(url: str, password: str | None = None) -> str:
+    """``url`` with ``password`` percent-quoted into it (unless the URL has one already) and,
+    for ``rediss://``, ``ssl_cert_reqs=required`` unless the URL says otherwise.
+
+    A password holding ``/``, ``#`` or ``?`` written raw into a URL ends the host part early
+    (and the rest turns up in logs); quoted, redis-py and kombu unquote it when they connect.
+    """
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if password is not None and parts.password is None:
+        user, _, hostport = netloc.rpartition("@")
+        netloc = f"{user}:{quote(password, safe='')}@{hostport}"
+    query = parts.query
+    if parts.scheme == "rediss" and "ssl_cert_reqs" not in dict(parse_qsl(query)):
+        query = urlencode([*parse_qsl(query), ("ssl_cert_reqs", "required")])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def refuse_placeholder(name: str, value: str | None) -> None:
+    """Raise ValueError (naming ``name``, never the value) if ``value`` is a placeholder."""
+    if is_placeholder(value):
+        raise ValueError(f"{name} is still the placeholder from .env.example: set a real "
+                         "secret in .env (openssl rand -hex 24)")
+
+
 class SimSettings(BaseSettings):
     """Knobs of the engine simulator (``python -m workers.sim``)."""
 
-    model_config = SettingsConfigDict(env_prefix="FLEET_SIM_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FLEET_SIM_", extra="ignore",
+                                      env_ignore_empty=True)
 
     # How many times faster than real time the simulator runs (step times are divided by it).
     speed: float = 1.0
@@ -40,11 +75,18 @@ class SimSettings(BaseSettings):
 class S3Settings(BaseSettings):
     """Object-store access beyond the standard AWS environment (credentials stay in AWS_*)."""
 
-    model_config = SettingsConfigDict(env_prefix="FLEET_S3_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FLEET_S3_", extra="ignore",
+                                      env_ignore_empty=True)
 
-    # Endpoint of an S3-compatible store (MinIO, moto); None means AWS itself.
+    # Endpoint of an S3-compatible store (MinIO, moto); None (or empty) means AWS itself.
     endpoint_url: str | None = None
     region: str | None = None
+
+    @field_validator("endpoint_url", "region", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        """An empty value in .env (``S3_ENDPOINT_URL=``) means "not set": AWS S3."""
+        return None if value == "" else value
     # Managed transfers: objects above the threshold go up (and down) in parts of chunk bytes.
     multipart_threshold_bytes: int = 64 * 2**20
     multipart_chunk_bytes: int = 16 * 2**20
@@ -53,12 +95,23 @@ class S3Settings(BaseSettings):
 class Settings(BaseSettings):
     """The fleet's settings; every field can be set as ``FLEET_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore")
+    # Empty values count as unset: the compose file passes every FLEET_* as ${FLEET_X:-}.
+    # Errors never echo the input (it holds the Redis URL and password).
+    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", env_ignore_empty=True,
+                                      hide_input_in_errors=True)
 
     # --- where things live ---------------------------------------------------------------
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    # Redis' password, quoted into redis_url when that has none (FLEET_REDIS_PASSWORD, or the
+    # REDIS_PASSWORD of .env that the compose/Procfile Redis is started with).
+    redis_password: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("FLEET_REDIS_PASSWORD", "REDIS_PASSWORD",
+                                                    "redis_password"))
     # Result/staging store: file:///abs/path (embedded default) or s3://bucket/prefix.
     store_url: str = Field(default_factory=_default_store_url)
+    # enqueue refuses a store on this node (a folder, MinIO on the node: lost when a rented
+    # node is returned) unless this is set (workers/store_location.py).
+    allow_node_local_store: bool = False
 
     # --- engine -------------------------------------------------------------------------
     engine: Literal["sglang", "sim"] = "sim"
@@ -146,6 +199,17 @@ class Settings(BaseSettings):
 
     sim: SimSettings = Field(default_factory=SimSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
+
+    @model_validator(mode="after")
+    def _redis_auth(self) -> Settings:
+        """Quote the password into the Redis URL; refuse a placeholder password."""
+        password = self.redis_password.get_secret_value() if self.redis_password else None
+        url = redis_url(self.redis_url.get_secret_value(), password)
+        used = urlsplit(url).password
+        refuse_placeholder("the Redis password (REDIS_PASSWORD or the one in FLEET_REDIS_URL)",
+                           unquote(used) if used else None)
+        self.redis_url = SecretStr(url)
+        return self
 
     def engine_port(self, gpu: int) -> int:
         """Port of the engine that serves GPU ``gpu``."""

@@ -40,15 +40,36 @@ IMAGES = {
 }
 FLEET_IMAGE = "${FLEET_IMAGE:-gpu-fleet:latest}"
 MODEL_CACHE_TARGET = "/root/.cache/huggingface"
+# Kernel caches compiled at engine start (FlashInfer, Triton, TorchInductor, SGLang's own
+# root, the CUDA driver's PTX cache) live on a volume, so a recreated container does not
+# compile them again. FlashInfer appends .cache/flashinfer to its base.
+JIT_CACHE = "/root/.cache/jit"
+JIT_ENV = {"SGLANG_JIT_CACHE_ROOT": f"{JIT_CACHE}/sglang",
+           "FLASHINFER_WORKSPACE_BASE": JIT_CACHE,
+           "TRITON_CACHE_DIR": f"{JIT_CACHE}/triton",
+           "TORCHINDUCTOR_CACHE_DIR": f"{JIT_CACHE}/torchinductor",
+           "TORCH_EXTENSIONS_DIR": f"{JIT_CACHE}/torch_extensions",
+           "CUDA_CACHE_PATH": f"{JIT_CACHE}/cuda"}
+# Open files: an engine and its client hold thousands of sockets and files (SGLang's docs
+# raise the limit before launching a server).
+NOFILE = 1_048_576
+# Container logs rotate (json-file: max-size per file, max-file files kept).
+LOGGING = {"driver": "json-file",
+           "options": {"max-size": "${LOG_MAX_SIZE:-100m}", "max-file": "${LOG_MAX_FILE:-5}"}}
 
-# Settings passed through from .env when set there (defaults live in config/settings.py). The
-# lease values must be equal on every node: the shortest visibility timeout wins.
-PASS_THROUGH = (
-    "FLEET_PROFILE", "FLEET_BATCH_SIZE", "FLEET_BATCHES_PER_GPU", "FLEET_CLIENT_HEADROOM",
-    "FLEET_CLIENT_CONCURRENCY", "FLEET_VISIBILITY_TIMEOUT_S", "FLEET_LEASE_RENEW_S",
-    "FLEET_SWEEP_INTERVAL_S", "FLEET_TASK_TIME_LIMIT_S", "FLEET_ENGINE_START_TIMEOUT_S",
-    "FLEET_ENGINE_STALL_TIMEOUT_S", "FLEET_SINK_AUTO",
-)
+# Exporter of gpuN: FLEET_METRICS_BASE_PORT + N (keep the default in containers: published).
+METRICS_BASE_PORT = 9360
+# How long `docker compose stop/down/up -d` lets a GPU worker hand its batches back.
+GRACE = "${STOP_GRACE_PERIOD:-5m}"
+
+# Set by this file per service, whatever .env says: a container's one GPU is CUDA device 0
+# while its queue names the host GPU (FLEET_GPU would change the queue), and logs go to the
+# ./logs bind mount.
+GENERATED = ("FLEET_GPU", "FLEET_CUDA_DEVICE", "FLEET_LOG_DIR", "FLEET_ENGINE",
+             "FLEET_METRICS_HOST")
+# Given below with defaults of their own (the Redis and store parts of .env).
+DERIVED = ("FLEET_REDIS_URL", "FLEET_REDIS_PASSWORD", "FLEET_STORE_URL",
+           "FLEET_S3_ENDPOINT_URL", "FLEET_S3_REGION")
 
 Env = dict[str, "str | None"]
 Service = dict[str, Any]
@@ -70,42 +91,78 @@ def depends(**conditions: str) -> Service:
     return {name: {"condition": cond, "required": False} for name, cond in conditions.items()}
 
 
-def fleet_env() -> Env:
-    """Environment of every service that runs the fleet's code (None: pass through)."""
-    env: Env = {
-        # FLEET_REDIS_URL in .env wins (rediss:// or a managed Redis); else the compose Redis.
-        "FLEET_REDIS_URL": (f"${{FLEET_REDIS_URL:-redis://:{need('REDIS_PASSWORD')}@"
-                            "${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0}"),
-        "FLEET_STORE_URL": "s3://${S3_BUCKET:-fleet}/${S3_PREFIX:-runs}",
-        "FLEET_S3_ENDPOINT_URL": "${S3_ENDPOINT_URL:-http://minio:9000}",
+def setting_names() -> list[str]:
+    """Every FLEET_* variable config/settings.py reads, as .env would spell it."""
+    from config.settings import S3Settings, Settings, SimSettings
+
+    names = [f"FLEET_{f}".upper() for f in Settings.model_fields if f not in ("sim", "s3")]
+    names += [f"FLEET_S3_{f}".upper() for f in S3Settings.model_fields]
+    names += [f"FLEET_SIM_{f}".upper() for f in SimSettings.model_fields]
+    return names
+
+
+def settings_env() -> Env:
+    """Every FLEET_* setting, from .env when set there (empty counts as unset)."""
+    skip = set(GENERATED) | set(DERIVED)
+    return {name: f"${{{name}:-}}" for name in setting_names() if name not in skip}
+
+
+def redis_env() -> Env:
+    """How the fleet reaches Redis: FLEET_REDIS_URL in .env wins (rediss://, a managed
+    Redis), else the compose Redis. The password travels on its own and is quoted into the
+    URL by config/settings.py, so '/', '#' or '?' in it are safe."""
+    return {
+        "FLEET_REDIS_URL": "${FLEET_REDIS_URL:-redis://${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0}",
+        "FLEET_REDIS_PASSWORD": f"${{FLEET_REDIS_PASSWORD:-{need('REDIS_PASSWORD')}}}",
+    }
+
+
+def store_env() -> Env:
+    """The store: its URL, endpoint (empty: AWS S3), region and credentials."""
+    return {
+        "FLEET_STORE_URL": "${FLEET_STORE_URL:-s3://${S3_BUCKET:-fleet}/${S3_PREFIX:-runs}}",
+        # Empty means AWS S3. MinIO on this node is an explicit choice (S3_ENDPOINT_URL=
+        # http://minio:9000, profile minio, FLEET_ALLOW_NODE_LOCAL_STORE=1): its data is lost
+        # with the node (workers/store_location.py).
+        "FLEET_S3_ENDPOINT_URL": "${FLEET_S3_ENDPOINT_URL:-${S3_ENDPOINT_URL:-}}",
+        "FLEET_S3_REGION": "${FLEET_S3_REGION:-${AWS_DEFAULT_REGION:-us-east-1}}",
         "AWS_ACCESS_KEY_ID": need("AWS_ACCESS_KEY_ID"),
         "AWS_SECRET_ACCESS_KEY": need("AWS_SECRET_ACCESS_KEY"),
         "AWS_DEFAULT_REGION": "${AWS_DEFAULT_REGION:-us-east-1}",
-        "FLEET_LOG_DIR": "/app/logs",
+        # A private CA for an https:// store endpoint (mount the file; see docs/security.md).
+        "AWS_CA_BUNDLE": None,
     }
-    env.update(dict.fromkeys(PASS_THROUGH))
-    return env
+
+
+def fleet_env() -> Env:
+    """Environment of the workers and the sink (None: passed through when set)."""
+    return {**settings_env(), **redis_env(), **store_env(), "FLEET_LOG_DIR": "/app/logs"}
 
 
 def fleet_base() -> Service:
     """What every service built from this repository's Dockerfile shares (``x-fleet``)."""
     return {
         "image": FLEET_IMAGE,
-        "build": {"context": ".", "dockerfile": "Dockerfile"},
+        # The base image by digest (SGLANG_IMAGE=<name>@sha256:...); the Dockerfile refuses a
+        # bare tag unless ALLOW_UNPINNED_BASE=1.
+        "build": {"context": ".", "dockerfile": "Dockerfile",
+                  "args": {"SGLANG_IMAGE": "${SGLANG_IMAGE:-lmsysorg/sglang:v0.5.11}",
+                           "ALLOW_UNPINNED_BASE": "${ALLOW_UNPINNED_BASE:-0}"}},
         "init": True,
         "hostname": need("NODE_NAME"),
         "environment": fleet_env(),
         "volumes": ["./logs:/app/logs"],
         "restart": "unless-stopped",
+        "logging": LOGGING,
     }
 
 
 def gpu_env() -> Env:
     """What a GPU worker adds to the fleet environment."""
-    # The metrics exporter (port 9360 + N) must answer Prometheus on the compose network; it is
-    # not published on the host.
+    # The metrics exporter (port 9360 + N) answers Prometheus on the compose network and, on
+    # METRICS_BIND, Prometheus on another node.
     return {"FLEET_ENGINE": "sglang", "FLEET_CUDA_DEVICE": "0", "HF_HUB_OFFLINE": "1",
-            "FLEET_METRICS_HOST": "0.0.0.0"}
+            "FLEET_METRICS_HOST": "0.0.0.0", **JIT_ENV}
 
 
 def gpu_base() -> Service:
@@ -115,14 +172,18 @@ def gpu_base() -> Service:
         "environment": {**fleet_env(), **gpu_env()},
         "volumes": [{"type": "bind", "source": need("MODEL_CACHE"),
                      "target": MODEL_CACHE_TARGET, "read_only": True},
-                    "./logs:/app/logs"],
+                    "./logs:/app/logs", f"jit-cache:{JIT_CACHE}"],
         "depends_on": depends(redis="service_healthy",
                               createbucket="service_completed_successfully"),
         "shm_size": "16gb",
-        "ulimits": {"memlock": -1, "stack": 67108864},
-        # A warm shutdown waits for running batches; past this, SIGKILL, and the lease brings
-        # them back within ~35 s with their finished prompts kept.
-        "stop_grace_period": "2m",
+        "ulimits": {"memlock": -1, "stack": 67108864,
+                    "nofile": {"soft": NOFILE, "hard": NOFILE}},
+        # On SIGTERM a worker stops consuming and hands its batches back (answered prompts
+        # stored, the rest requeued), then stops its engine. A batch runs 5-15 min, so this is
+        # not meant to let it finish: it covers the hand-back through a slow store (store
+        # retries, ~2.5 min at worst) and the engine's stop (FLEET_ENGINE_STOP_GRACE_S + 5 s).
+        # Past it, SIGKILL: the lease brings the batches back within ~35 s, prompts kept.
+        "stop_grace_period": GRACE,
     }
 
 
@@ -130,10 +191,14 @@ def gpu_worker(gpu: int, stagger_s: float) -> Service:
     """Worker ``gpuN``: owns host GPU N (CUDA device 0 in the container) and its engine."""
     celery = ["celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"gpu{gpu}@%h",
               "-l", "INFO"]
+    port = METRICS_BASE_PORT + gpu
     return {
         **gpu_base(),
         "command": ["python", "-m", "deploy.supervise", "--delay", f"{gpu * stagger_s:g}", "--",
                     *celery],
+        # Its exporter only (never the engine): 127.0.0.1 unless METRICS_BIND names the node's
+        # private address, for a Prometheus on another node (docs/security.md).
+        "ports": [f"${{METRICS_BIND:-127.0.0.1}}:{port}:{port}"],
         "deploy": {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "device_ids": [str(gpu)], "capabilities": ["gpu"]}]}}},
         # A model load takes minutes: failures count only after the start period (the
@@ -157,6 +222,7 @@ def redis() -> Service:
         "environment": {"REDIS_PASSWORD": need("REDIS_PASSWORD"),
                         "REDISCLI_AUTH": need("REDIS_PASSWORD")},
         "volumes": ["redis-data:/data"],
+        "depends_on": CHECKED,
         # It listens on REDIS_PORT inside and out, so every node uses the same REDIS_PORT.
         "ports": ["${REDIS_BIND:-127.0.0.1}:${REDIS_PORT:-6379}:${REDIS_PORT:-6379}"],
         "healthcheck": healthcheck(
@@ -175,16 +241,32 @@ def minio() -> Service:
         "environment": {"MINIO_ROOT_USER": need("AWS_ACCESS_KEY_ID"),
                         "MINIO_ROOT_PASSWORD": need("AWS_SECRET_ACCESS_KEY")},
         "volumes": ["minio-data:/data"],
+        "depends_on": CHECKED,
         "ports": ["${MINIO_BIND:-127.0.0.1}:9000:9000", "127.0.0.1:9001:9001"],
         "healthcheck": healthcheck(["CMD", "mc", "ready", "local"], "10s"),
         "restart": "unless-stopped",
     }
 
 
+def preflight() -> Service:
+    """One-shot: refuse placeholder secrets (deploy/preflight.py) before anything starts."""
+    secrets = ("REDIS_PASSWORD", "FLOWER_PASSWORD", "GRAFANA_PASSWORD", "AWS_ACCESS_KEY_ID",
+               "AWS_SECRET_ACCESS_KEY")
+    return {**fleet_base(), "profiles": ["head"], "command": ["python", "-m", "deploy.preflight"],
+            "environment": {name: need(name) for name in secrets}, "volumes": [],
+            "restart": "no"}
+
+
+# Services that must not start with a placeholder secret wait for the preflight job.
+CHECKED = depends(preflight="service_completed_successfully")
+
+
 def createbucket() -> Service:
     """One-shot: create the bucket of FLEET_STORE_URL if it is missing."""
+    # The store only: no Redis URL or password.
     return {**fleet_base(), "profiles": ["head"],
             "command": ["python", "-m", "deploy.make_bucket"],
+            "environment": {**settings_env(), **store_env()},
             "depends_on": depends(minio="service_healthy"), "restart": "no"}
 
 
@@ -197,9 +279,10 @@ def flower() -> Service:
         **fleet_base(), "profiles": ["head"],
         "command": ["celery", "-A", "workers", "flower", "--conf=config/flowerconfig.py",
                     "--address=0.0.0.0", "--port=5555"],
-        "environment": {**fleet_env(), "FLOWER_BASIC_AUTH": auth},
+        # Redis only: Flower never touches the store, so it gets no AWS keys.
+        "environment": {**settings_env(), **redis_env(), "FLOWER_BASIC_AUTH": auth},
         "ports": ["${FLOWER_BIND:-127.0.0.1}:5555:5555"],
-        "depends_on": depends(redis="service_healthy"),
+        "depends_on": {**CHECKED, **depends(redis="service_healthy")},
         "healthcheck": healthcheck(["CMD", "python", "-m", "deploy.healthcheck", "http",
                                     "http://127.0.0.1:5555/healthcheck"]),
     }
@@ -217,6 +300,7 @@ def sink() -> Service:
                                     "sink@%h"], "60s"),
         # Where `docker compose exec sink python -m producer ...` reads prompts and exports.
         "volumes": ["./logs:/app/logs", "./data:/app/data"],
+        "ulimits": {"nofile": {"soft": NOFILE, "hard": NOFILE}},
         "stop_grace_period": "2m",
     }
 
@@ -249,7 +333,7 @@ def grafana() -> Service:
                     "./config/grafana/dashboards:/etc/grafana/dashboards:ro",
                     "grafana-data:/var/lib/grafana"],
         "ports": ["${GRAFANA_BIND:-127.0.0.1}:3000:3000"],
-        "depends_on": depends(prometheus="service_healthy"),
+        "depends_on": {**CHECKED, **depends(prometheus="service_healthy")},
         "healthcheck": healthcheck(
             ["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:3000/api/health"]),
         "restart": "unless-stopped",
@@ -261,7 +345,7 @@ def model_download() -> Service:
     return {
         **fleet_base(), "profiles": ["tools"],
         "command": ["python", "-m", "deploy.download_model"],
-        "environment": {"FLEET_PROFILE": None, "HF_TOKEN": None, "HF_HUB_OFFLINE": "0"},
+        "environment": {**settings_env(), "HF_TOKEN": None, "HF_HUB_OFFLINE": "0"},
         "volumes": [{"type": "bind", "source": need("MODEL_CACHE"),
                      "target": MODEL_CACHE_TARGET, "read_only": False}],
         "restart": "no",
@@ -273,13 +357,16 @@ def build(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> Ser
     if gpus < 1:
         raise ValueError("need at least one GPU")
     services: Service = {
-        "redis": redis(), "minio": minio(), "createbucket": createbucket(),
+        "preflight": preflight(), "redis": redis(), "minio": minio(),
+        "createbucket": createbucket(),
         "flower": flower(), "sink": sink(),
         **{f"gpu{g}": gpu_worker(g, stagger_s) for g in range(gpus)},
         "prometheus": prometheus(), "grafana": grafana(), "model-download": model_download(),
     }
+    for service in services.values():
+        service.setdefault("logging", LOGGING)
     volumes: Service = {name: {} for name in ("redis-data", "minio-data", "prometheus-data",
-                                               "grafana-data")}
+                                               "grafana-data", "jit-cache")}
     return {"name": "gpu-fleet", "services": services, "volumes": volumes}
 
 
@@ -327,19 +414,23 @@ def _dump(data: Any, indent: int) -> str:
     return "".join(pad + line.rstrip() + "\n" for line in text.splitlines())
 
 
-def _env_block(env: Env, base_env: Env, anchor: str | None, indent: int) -> str:
-    """``environment:`` as a merge of ``anchor`` plus what differs, or '' if nothing does."""
-    extra = {k: v for k, v in env.items() if base_env.get(k, "\0") != v}
-    if not extra and env.keys() == base_env.keys():
+def env_parts() -> dict[str, Env]:
+    """The environment fragments written once as anchors (``x-<name>``) and merged."""
+    return {"settings-env": settings_env(), "redis-env": redis_env(), "store-env": store_env()}
+
+
+def _env_block(env: Env, base_env: Env | None, indent: int) -> str:
+    """``environment:`` as a merge of the anchored fragments it holds plus its own keys, or
+    '' when it is the base's."""
+    if env == base_env:
         return ""
-    if anchor is None or any(k not in env for k in base_env):
-        return _dump({"environment": env}, indent)
+    parts = [name for name, part in env_parts().items()
+             if all(k in env and env[k] == v for k, v in part.items())]
+    covered = {k for name in parts for k in env_parts()[name]}
+    own = {k: v for k, v in env.items() if k not in covered}
     pad = " " * indent
-    return f"{pad}environment:\n{pad}  <<: *{anchor}\n" + _dump(extra, indent + 2)
-
-
-# The anchor of the environment that services merging each base anchor may extend.
-ENV_ANCHORS = {"fleet": "fleet-env"}
+    merge = f"{pad}  <<: [{', '.join('*' + p for p in parts)}]\n" if parts else ""
+    return f"{pad}environment:\n" + merge + (_dump(own, indent + 2) if own else "")
 
 
 def _service_block(service: Service, base: Service | None, anchor: str | None,
@@ -350,8 +441,7 @@ def _service_block(service: Service, base: Service | None, anchor: str | None,
     rest = {k: v for k, v in service.items() if k != "environment" and base.get(k) != v}
     text = f"{' ' * indent}<<: *{anchor}\n"
     base_env: Env = base["environment"]
-    text += _env_block(service.get("environment", base_env), base_env,
-                       ENV_ANCHORS.get(anchor), indent)
+    text += _env_block(service.get("environment", base_env), base_env, indent)
     return text + (_dump(_one_line_lists(rest), indent) if rest else "")
 
 
@@ -361,7 +451,8 @@ HEADER = """\
 # Values and secrets come from .env (copy .env.example); the README's runbook explains it all.
 # Service gpuN: queue gpuN, node gpuN@$NODE_NAME, host GPU N only (CUDA device 0 inside its
 # container, hence FLEET_CUDA_DEVICE=0), engine on 127.0.0.1:3000N inside the container.
-# An environment variable without a value is passed through from .env when set there.
+# Every FLEET_* setting reaches every fleet container from .env (${{FLEET_X:-}}: empty is unset);
+# a variable without a value is passed through from .env when set there.
 """
 
 
@@ -374,10 +465,10 @@ def render(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> st
     parts = [
         HEADER.format(gpus=gpus, stagger=stagger_s),
         "name: gpu-fleet\n\n",
-        "x-fleet-env: &fleet-env\n", _dump(fleet_env(), 2), "\n",
-        "x-fleet: &fleet\n", _dump(fleet_rest, 2), "  environment: *fleet-env\n\n",
+        *(f"x-{name}: &{name}\n" + _dump(part, 2) + "\n" for name, part in env_parts().items()),
+        "x-fleet: &fleet\n", _dump(fleet_rest, 2), _env_block(fleet_env(), None, 2), "\n",
         "x-gpu-worker: &gpu-worker\n  <<: *fleet\n",
-        _env_block(gpu["environment"], fleet_env(), "fleet-env", 2), _dump(gpu_rest, 2), "\n",
+        _env_block(gpu["environment"], fleet_env(), 2), _dump(gpu_rest, 2), "\n",
         "services:\n",
     ]
     for name, service in model["services"].items():

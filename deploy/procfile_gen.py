@@ -3,7 +3,8 @@
 ``make fleet GPUS=N`` writes ``.fleet/Procfile`` with this and runs it with honcho;
 ``python -m deploy.procfile_gen`` (``make procfile``) rewrites the committed ``Procfile``.
 
-Lines: ``redis`` (loopback only, AOF, noeviction, data in ``.fleet/redis``), ``flower``
+Lines: ``redis`` (loopback only, AOF, noeviction, data in ``.fleet/redis``, the password
+``REDIS_PASSWORD`` of ``.env``, refused while it is a placeholder), ``flower``
 (loopback only, so no basic auth is needed), ``sink``, and ``gpu0`` ... ``gpuN-1``. Every
 worker runs under ``python -m deploy.supervise --restart`` because honcho restarts nothing and
 stops every process as soon as one exits; GPU N waits N x ``--stagger-s`` seconds before its
@@ -43,9 +44,13 @@ def processes(gpus: int, stagger_s: float, workers_only: bool = False,
         raise ValueError("need at least one GPU")
     procs: dict[str, str] = {}
     if not workers_only:
-        procs["redis"] = (f"mkdir -p {redis_dir} && exec redis-server --port {redis_port} "
+        # The password of .env (REDIS_PASSWORD; the workers read it too): refused while it
+        # is missing or still the placeholder, never written here.
+        procs["redis"] = ("python -m deploy.preflight redis && "
+                          f"mkdir -p {redis_dir} && exec redis-server --port {redis_port} "
                           f"--bind 127.0.0.1 --dir {redis_dir} --appendonly yes "
-                          "--appendfsync everysec --maxmemory-policy noeviction")
+                          "--appendfsync everysec --maxmemory-policy noeviction "
+                          '--requirepass "$REDIS_PASSWORD"')
         procs["flower"] = ("exec celery -A workers flower --conf=config/flowerconfig.py "
                            f"--address=127.0.0.1 --port={flower_port}")
         procs["sink"] = worker_line("sink", 0)
@@ -63,7 +68,8 @@ def render(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S,
         f"{stagger_s:g} s).\n"
         "# Do not edit: `make fleet GPUS=N` runs a generated copy; `make procfile` rewrites "
         "this one.\n"
-        "# honcho reads .env: FLEET_* there reach every process (FLEET_ENGINE=sglang on GPUs).\n"
+        "# honcho reads .env: FLEET_* there reach every process (FLEET_ENGINE=sglang on GPUs);\n"
+        "# REDIS_PASSWORD there is Redis' password and the one the workers use.\n"
     )
     body = "".join(f"{name}: {cmd}\n"
                    for name, cmd in processes(gpus, stagger_s, workers_only, redis_port,

@@ -20,7 +20,7 @@ import typer
 
 from config.settings import Settings, load_settings
 from workers.errors import FleetError, InputError, JobError
-from workers.jobs import load_spec
+from workers.jobs import check_job_name, load_spec
 from workers.store import Store, open_store
 from workers.tune.cli import app as tune_app
 
@@ -59,6 +59,9 @@ def friendly_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            for name in ("job", "reuse_from"):  # every command checks its job names first
+                if isinstance(kwargs.get(name), str):
+                    check_job_name(kwargs[name])
             return fn(*args, **kwargs)
         except InputError as exc:
             err().print(f"error: {exc}", soft_wrap=True)
@@ -117,6 +120,9 @@ def enqueue(
     id_column: str = typer.Option("id", "--id-column", help="Column of row ids"),
     reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
                                    "(same prompt, sampling and profile) instead of regenerating"),
+    allow_node_local_store: bool = typer.Option(
+        False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
+        "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
 ) -> None:
     """Stage INPUT in the store and enqueue every batch that is not stored and has no
     message and no live run (re-run it to resume or repair a job)."""
@@ -126,10 +132,12 @@ def enqueue(
     from producer.readers import ReadOptions, read_rows
     from producer.reuse import reuse_hook
     from workers import app
-    from workers.jobs import check_job_name
     from workers.sink import trigger_if_complete
+    from workers.store_location import locate, require_off_node
 
     settings = load_settings()
+    require_off_node(locate(settings.store_url, settings.s3.endpoint_url),
+                     allow_node_local_store or settings.allow_node_local_store)
     store, r = _open(settings)
     check_job_name(job)
     spec_sampling = resumed_sampling(store, job, job_sampling(
@@ -161,19 +169,22 @@ def status(
 ) -> None:
     """Progress, rate (requests/s, output tokens/s), ETA and the per-GPU view of a job."""
     from producer.status import job_status
+    from workers.store_location import locate
 
     settings = load_settings()
     store, r = _open(settings)
     spec = load_spec(store, job)
+    where = locate(settings.store_url, settings.s3.endpoint_url)
     if as_json and not watch:
-        sys.stdout.write(orjson.dumps(job_status(r, spec)).decode() + "\n")
+        sys.stdout.write(orjson.dumps(job_status(r, spec, where)).decode() + "\n")
         return
     from producer import render
 
     if watch:
-        render.watch(out(), lambda: job_status(r, spec), interval_s, as_json)
+        render.watch(out(), lambda: job_status(r, spec, where), interval_s, as_json)
     else:
-        out().print(render.status_table(job_status(r, spec)))
+        out().print(render.status_table(job_status(r, spec, where)))
+        err().print(f"store: {where.store_url} ({where.where}: {where.why})", soft_wrap=True)
 
 
 @cli.command()

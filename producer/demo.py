@@ -86,6 +86,7 @@ def main() -> int:
            "FLEET_SIM_SPEED": os.environ.get("FLEET_SIM_SPEED", "5"),
            "FLEET_SIM_MEAN_OUTPUT_TOKENS": os.environ.get("FLEET_SIM_MEAN_OUTPUT_TOKENS", "300"),
            "FLEET_SIM_STARTUP_S": "0.5", "FLEET_LOG_DIR": str(DEMO_DIR / "logs"),
+           "FLEET_ALLOW_NODE_LOCAL_STORE": "1",  # the demo's store is a local folder
            "PYTHONPATH": str(ROOT)}
     job = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     workers: list[WorkerProcess] = []

@@ -11,6 +11,7 @@ from workers import jobstate
 from workers.delivery.ownership import live_holders
 from workers.heartbeat import read_heartbeats
 from workers.jobs import JobSpec
+from workers.store_location import StoreLocation
 
 RATE_WINDOW_S = 60
 
@@ -32,8 +33,10 @@ def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[floa
     return rows / span, tokens / span
 
 
-def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
-    """One JSON-able object with the job's progress (keys are a contract for scripts)."""
+def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
+               ) -> dict[str, Any]:
+    """One JSON-able object with the job's progress (keys are a contract for scripts);
+    ``store`` says where the data lives (``where``: "node" or "off-node")."""
     keys = jobstate.Keys(spec.name)
     pipe = r.pipeline()
     pipe.hmget(keys.job, ["started_at", "state"])
@@ -61,4 +64,5 @@ def job_status(r: redis.Redis, spec: JobSpec) -> dict[str, Any]:
         "eta_hours": None if eta_h is None else round(eta_h, 4),
         "elapsed_s": round(time.time() - started_at, 1), "done": done,
         "workers": read_heartbeats(r),
+        "store": where.to_json() if where else None,
     }

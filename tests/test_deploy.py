@@ -35,7 +35,7 @@ pytest_plugins = ["tests.s3fixture"]  # the moto_server fixture
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec.json"
 ENV_EXAMPLE = ROOT / ".env.example"
-ONE_SHOT = {"createbucket", "model-download"}
+ONE_SHOT = {"preflight", "createbucket", "model-download"}
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH|_KEY$|REDIS_URL", re.IGNORECASE)
 GPU_SERVICE = re.compile(r"^gpu(\d+)$")
 PY = str(Path(sys.executable).parent)
@@ -121,13 +121,28 @@ def test_compose_file_follows_the_compose_specification(compose, interpolated):
         jsonschema.validate(compose_gen.build(gpus), schema, cls=jsonschema.Draft7Validator)
 
 
-def test_compose_needs_every_required_variable_from_env(compose):
-    env = env_example()
+def settings_in(svc_env: dict[str, str | None], monkeypatch: pytest.MonkeyPatch):
+    """config.settings.Settings as a container with environment ``svc_env`` reads it."""
+    from config.settings import Settings
+
+    for key in list(os.environ):
+        if key.startswith(("FLEET_", "REDIS_", "AWS_")):
+            monkeypatch.delenv(key)
+    for key, value in svc_env.items():
+        if value is not None:
+            monkeypatch.setenv(key, value)
+    return Settings()
+
+
+def test_compose_needs_every_required_variable_from_env(compose, monkeypatch):
+    env = {**env_example(), "REDIS_PASSWORD": "p/w#x?y@z"}
     with pytest.raises(KeyError, match="REDIS_PASSWORD"):
         interpolate(compose, {k: v for k, v in env.items() if k != "REDIS_PASSWORD"})
-    url = env_of(interpolate(compose, env)["services"]["gpu3"])["FLEET_REDIS_URL"]
-    assert url == f"redis://:{env['REDIS_PASSWORD']}@redis:6379/0"
-    managed = "rediss://:pw@redis.example:6379/0"
+    settings = settings_in(env_of(interpolate(compose, env)["services"]["gpu3"]), monkeypatch)
+    url = settings.redis_url.get_secret_value()
+    assert url == "redis://:p%2Fw%23x%3Fy%40z@redis:6379/0"
+    assert redis.Redis.from_url(url).connection_pool.connection_kwargs["password"] == "p/w#x?y@z"
+    managed = "rediss://:pw@redis.example:6379/0?ssl_cert_reqs=required"
     url = env_of(interpolate(compose, {**env, "FLEET_REDIS_URL": managed})["services"]["sink"])
     assert url["FLEET_REDIS_URL"] == managed
 
@@ -149,7 +164,12 @@ def test_every_gpu_service_reserves_exactly_its_gpu(gpus):
         assert env["FLEET_CUDA_DEVICE"] == "0" and "FLEET_GPU" not in env
         assert env["FLEET_ENGINE"] == "sglang"
         assert env["FLEET_METRICS_HOST"] == "0.0.0.0"  # Prometheus scrapes it from its container
-        assert "ports" not in svc  # the engine stays on 127.0.0.1 inside the container
+        # The exporter alone is published (Prometheus on another node); the engine stays on
+        # 127.0.0.1 inside the container.
+        from config.settings import Settings
+
+        port = Settings.model_fields["metrics_base_port"].default + gpu
+        assert svc["ports"] == [f"${{METRICS_BIND:-127.0.0.1}}:{port}:{port}"]
     others = {n: s for n, s in model["services"].items() if not GPU_SERVICE.match(n)}
     assert not [n for n, s in others.items() if "deploy" in s or "gpus" in s]
 
@@ -320,7 +340,10 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
     procfile = tmp_path / "Procfile"
     procfile.write_text(procfile_gen.render(2, 1, redis_port=redis_port,
                                             redis_dir=str(tmp_path / "redis")))
+    # Redis runs with the password of .env, which needs quoting in a URL; the workers use it.
+    password = "h0n/cho#pw?x=1"
     env = {**fleet_env, "FLEET_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+           "REDIS_PASSWORD": password,
            "FLEET_METRICS_ENABLED": "false", "PATH": f"{PY}:{os.environ['PATH']}"}
     node_a = start_honcho(procfile, env, tmp_path / "honcho.log", "redis", "gpu0", "gpu1")
     env_b = {**env, "FLEET_ENGINE_BASE_PORT": str(free_port_block(2)),
@@ -329,8 +352,10 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
     host = socket.gethostname()
     nodes_a = {f"gpu0@{host}", f"gpu1@{host}"}
     try:
-        client = redis.Redis(port=redis_port)
+        client = redis.Redis(port=redis_port, password=password)
         wait_heartbeats(client, nodes_a | {node_b.node})
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=redis_port).ping()
         prompts = write_prompts(tmp_path / "prompts.jsonl", 80)
         res = run_producer(env, "enqueue", str(prompts), "--job", "twonodes",
                            "--batch-size", "10")
@@ -342,6 +367,7 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
                 for n in nodes_a | {node_b.node}}
         assert rows[node_b.node] > 0 and sum(rows[n] for n in nodes_a) > 0, rows
         assert "waiting 1 s before starting" in (tmp_path / "honcho.log").read_text()
+        assert "cho#pw" not in (tmp_path / "honcho.log").read_text()
     finally:
         node_b.stop(grace_s=20)
         stop_process(node_a, grace_s=30)
@@ -446,3 +472,194 @@ def test_make_bucket_creates_the_store_bucket_once(moto_server, monkeypatch, cap
     assert make_bucket.main([]) == 1
 
 
+
+
+# --- issue 17: where the data lives, what reaches the containers, secrets -------------------
+
+
+def fleet_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Services that run this repository's code (built from its Dockerfile)."""
+    return {n: s for n, s in model["services"].items() if "build" in s}
+
+
+def test_an_empty_endpoint_means_aws_and_minio_is_an_explicit_choice(compose):
+    from config.settings import S3Settings
+    from workers.store_location import locate
+
+    env = env_example()
+    assert "minio" not in env["COMPOSE_PROFILES"].split(",")
+    for name, svc in fleet_services(interpolate(compose, env)).items():
+        svc_env = env_of(svc)
+        if "FLEET_STORE_URL" not in svc_env:
+            continue
+        endpoint = S3Settings(endpoint_url=svc_env["FLEET_S3_ENDPOINT_URL"]).endpoint_url
+        assert endpoint is None, name
+        assert locate(svc_env["FLEET_STORE_URL"], endpoint).where == "off-node", name
+    minio = env_of(interpolate(compose, {**env, "S3_ENDPOINT_URL": "http://minio:9000"})
+                   ["services"]["sink"])
+    assert locate(minio["FLEET_STORE_URL"], minio["FLEET_S3_ENDPOINT_URL"]).where == "node"
+
+
+REAL_SECRETS = {"REDIS_PASSWORD": "0d9f8e7a6b5c", "AWS_ACCESS_KEY_ID": "fleetkey",
+                "AWS_SECRET_ACCESS_KEY": "3c2b1a0f9e8d", "FLOWER_PASSWORD": "a1b2c3d4e5f6",
+                "GRAFANA_PASSWORD": "f6e5d4c3b2a1"}
+TYPED = {"FLEET_S3_REGION": ("eu-central-1", lambda s: s.s3.region),
+         "FLEET_ENGINE_WAIT_S": ("123", lambda s: s.engine_wait_s),
+         "FLEET_POISON_CRASHES": ("7", lambda s: s.poison_crashes),
+         "FLEET_STORE_RETRY_ATTEMPTS": ("4", lambda s: s.store_retry_attempts),
+         "FLEET_SHARD_ROWS": ("5000", lambda s: s.shard_rows),
+         "FLEET_REQUEST_TIMEOUT_S": ("99", lambda s: s.request_timeout_s)}
+
+
+def test_every_fleet_setting_in_env_reaches_every_fleet_container(compose, monkeypatch):
+    """Every FLEET_* config/settings.py reads or .env.example names, set in .env, arrives in
+    every fleet container; only the Redis part skips the bucket job and the store part skips
+    Flower (they need neither), and the per-container values stay the generator's."""
+    from config.settings import Settings
+
+    named = set(re.findall(r"^#?\s*(FLEET_[A-Z0-9_]+)=", ENV_EXAMPLE.read_text(), re.M))
+    names = (set(compose_gen.setting_names()) | named) - set(compose_gen.GENERATED)
+    names.discard("FLEET_IMAGE")  # the image of the services, not a setting
+    env = {**env_example(), **REAL_SECRETS, **{n: f"v-{n.lower()}" for n in names}}
+    model = interpolate(compose, env)
+    redis_part, store_part = set(compose_gen.redis_env()), set(compose_gen.store_env())
+    services = fleet_services(model)
+    services.pop("preflight")  # only checks the secrets of .env; reads no setting
+    assert {"sink", "flower", "createbucket", "model-download", "gpu0", "gpu6"} <= set(services)
+    for name, svc in services.items():
+        svc_env = env_of(svc)
+        for var in names:
+            if var in redis_part and name in {"createbucket", "model-download"}:
+                assert var not in svc_env, (name, var)
+            elif var in store_part and name in {"flower", "model-download"}:
+                assert var not in svc_env, (name, var)
+            else:
+                assert svc_env.get(var) == f"v-{var.lower()}", (name, var)
+    gpu = env_of(model["services"]["gpu2"])
+    assert (gpu["FLEET_CUDA_DEVICE"], gpu["FLEET_ENGINE"], gpu["FLEET_LOG_DIR"]) == (
+        "0", "sglang", "/app/logs")
+    assert "FLEET_GPU" not in gpu
+    # The values are read as settings inside the container; unset ones keep their defaults.
+    typed = {**env_example(), **REAL_SECRETS, **{k: v for k, (v, _) in TYPED.items()}}
+    settings = settings_in(env_of(interpolate(compose, typed)["services"]["gpu2"]), monkeypatch)
+    for var, (value, read) in TYPED.items():
+        assert str(read(settings)).removesuffix(".0") == value, var
+    assert settings.visibility_timeout_s == Settings.model_fields["visibility_timeout_s"].default
+
+
+def test_placeholder_secrets_stop_the_head_services_before_they_start(compose):
+    services = compose["services"]
+    for name in ("redis", "minio", "flower", "grafana"):
+        dep = services[name]["depends_on"]["preflight"]
+        assert dep["condition"] == "service_completed_successfully", name
+    check = env_of(interpolate(compose, env_example())["services"]["preflight"])
+    res = subprocess.run([sys.executable, "-m", *services["preflight"]["command"][2:]],
+                         env={**os.environ, **check}, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr
+    for var in ("REDIS_PASSWORD", "FLOWER_PASSWORD", "GRAFANA_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
+        assert var in res.stderr
+    real = env_of(interpolate(compose, {**env_example(), **REAL_SECRETS})["services"]["preflight"])
+    res = subprocess.run([sys.executable, "-m", "deploy.preflight"], cwd=ROOT,
+                         env={**os.environ, **real}, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    procs = parse_procfile((ROOT / "Procfile").read_text())
+    assert procs["redis"].startswith("python -m deploy.preflight redis && ")
+    assert '--requirepass "$REDIS_PASSWORD"' in procs["redis"]
+
+
+def test_each_service_gets_only_the_secrets_it_needs(compose):
+    services = compose["services"]
+    assert not [k for k in env_of(services["flower"]) if k.startswith("AWS_")]
+    bucket = env_of(services["createbucket"])
+    assert not [k for k in bucket if "REDIS" in k]
+    download = env_of(services["model-download"])
+    assert not [k for k in download if k.startswith("AWS_") or "REDIS" in k]
+    for name in ("redis", "prometheus", "grafana", "minio"):
+        assert not [k for k in env_of(services[name]) if k.startswith(("AWS_", "FLEET_"))
+                    and name != "minio"], name
+
+
+def duration_s(text: str) -> float:
+    """Seconds of a Compose duration ('5m', '1m30s', '90s')."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", text))
+
+
+def test_stop_grace_covers_handing_batches_back_through_a_slow_store(compose):
+    """The grace period is for the hand-back (store retries at their worst, then the engine's
+    stop), not for finishing a batch; it comes from .env (STOP_GRACE_PERIOD) when set."""
+    from config.settings import Settings
+    from workers.store import store_policy
+
+    settings = Settings()
+    policy = store_policy(settings)
+    # workers/retry.py backoff_s at its longest (full jitter) between every two attempts.
+    worst_store_s = sum(min(policy.max_s, policy.base_s * 2 ** (a - 1)) * (1 + policy.jitter)
+                        for a in range(1, policy.max_attempts))
+    engine_stop_s = settings.engine_stop_grace_s + 5  # workers/engine.py Engine.stop
+    model = interpolate(compose, env_example())
+    for gpu, svc in gpu_services(model).items():
+        assert duration_s(svc["stop_grace_period"]) >= worst_store_s + engine_stop_s, gpu
+    custom = interpolate(compose, {**env_example(), "STOP_GRACE_PERIOD": "7m"})
+    assert custom["services"]["gpu0"]["stop_grace_period"] == "7m"
+
+
+def test_exporters_are_published_on_metrics_bind_only(compose):
+    from config.settings import Settings
+
+    base = Settings.model_fields["metrics_base_port"].default
+    env = {**env_example(), "METRICS_BIND": "10.0.0.7"}
+    model = interpolate(compose, env)
+    workers = gpu_services(model)
+    published = sorted(p for svc in workers.values() for p in svc["ports"])
+    assert published == sorted(f"10.0.0.7:{base + g}:{base + g}" for g in workers)
+    default = interpolate(compose, env_example())
+    assert all(p.startswith("127.0.0.1:") for svc in default["services"].values()
+               for p in svc.get("ports", [])), "every port is on loopback unless .env says"
+
+
+def test_gpu_workers_have_open_files_kernel_caches_and_rotating_logs(compose):
+    from workers.engine import engine_base_env
+
+    model = interpolate(compose, env_example())
+    for gpu, svc in gpu_services(model).items():
+        nofile = svc["ulimits"]["nofile"]
+        assert nofile["soft"] == nofile["hard"] >= 65536, gpu  # SGLang's own advice: 65535+
+        cache = next(v for v in svc["volumes"] if isinstance(v, str) and v.startswith("jit-"))
+        volume, target = cache.split(":")
+        assert volume in model["volumes"]
+        env = env_of(svc)
+        jit = {k: v for k, v in env.items() if k in compose_gen.JIT_ENV}
+        assert jit and all(v.startswith(target) for v in jit.values()), gpu
+        # The engine inherits them (workers/engine.py keeps only what it needs).
+        assert set(jit) <= set(engine_base_env({k: v or "" for k, v in env.items()})), gpu
+    for name, svc in model["services"].items():
+        options = svc["logging"]["options"]
+        assert svc["logging"]["driver"] == "json-file" and options["max-size"], name
+        assert int(options["max-file"]) >= 1, name
+
+
+def test_the_image_is_pinned_by_digest_or_the_build_refuses(compose):
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip()
+             and not line.startswith("#")]
+    assert lines[1] == "FROM ${SGLANG_IMAGE}"
+    check = next(i for i, line in enumerate(lines) if "check_pinned.sh" in line
+                 and line.startswith("RUN"))
+    pip = next(i for i, line in enumerate(lines) if "pip install" in line)
+    assert check < pip, "the check runs before anything is installed"
+    assert "requirements.lock" in lines[pip] and any(
+        line.startswith("COPY") and "requirements.lock" in line for line in lines[:pip])
+    build = compose["services"]["gpu0"]["build"]["args"]
+    assert "SGLANG_IMAGE" in build and "ALLOW_UNPINNED_BASE" in build
+    script = str(ROOT / "deploy" / "check_pinned.sh")
+    tag = interpolate(build, env_example())["SGLANG_IMAGE"]
+    refused = subprocess.run(["sh", script, tag, "0"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "not pinned by digest" in refused.stderr
+    warned = subprocess.run(["sh", script, tag, "1"], capture_output=True, text=True)
+    assert warned.returncode == 0 and "WARNING" in warned.stderr
+    pinned = f"{tag.split(':')[0]}@sha256:{'0a' * 32}"
+    ok = subprocess.run(["sh", script, pinned, "0"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    short = subprocess.run(["sh", script, f"{pinned[:-2]}", "0"], capture_output=True, text=True)
+    assert short.returncode == 1

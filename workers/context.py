@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from workers.errors import FleetError
 
-_GPU_QUEUE = re.compile(r"^gpu(\d+)$")
+_GPU_QUEUE = re.compile(r"gpu(\d+)")  # matched in full: not "gpu0\n"
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def gpu_from_queues(queues: Iterable[str], override: int | None) -> int:
     """GPU index from ``FLEET_GPU`` or the single ``gpuN`` queue the worker consumes."""
     if override is not None:
         return override
-    found = sorted({int(m.group(1)) for q in queues if (m := _GPU_QUEUE.match(q))})
+    found = sorted({int(m.group(1)) for q in queues if (m := _GPU_QUEUE.fullmatch(q))})
     if len(found) != 1:
         raise FleetError(
             f"cannot tell the GPU from queues {sorted(queues)}: consume exactly one gpuN queue "

@@ -1,21 +1,34 @@
-"""Remote-control commands the fleet adds to Celery (``fleet_relaunch``)."""
+"""Remote-control commands the fleet adds to Celery (``fleet_relaunch``).
+
+Remote control travels through Redis like tasks do: whoever can write there can send it. The
+command therefore only names a profile (see :mod:`workers.relaunch_guard`); it never carries
+launch flags outside the tuner's levers, nor environment variables.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.worker.control import control_command
 
-from config.launch_profile import LaunchProfile
 from workers import signals
+from workers.relaunch_guard import RelaunchRefused, vet
+
+log = logging.getLogger(__name__)
 
 
 @control_command(args=[("profile", dict)], signature="<profile-json>")
 def fleet_relaunch(state: Any, profile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Restart this worker's engine with a new launch profile (used by the tuner)."""
+    """Restart this worker's engine with a profile it knows or a vetted tuner profile."""
     runtime = signals.current_runtime()
     if runtime is None or profile is None:
         return {"ok": False, "error": "no engine runtime in this worker or no profile given"}
-    new = LaunchProfile.model_validate(profile)
+    try:
+        new = vet(profile, runtime.known_profiles())
+    except RelaunchRefused as exc:
+        log.warning("fleet_relaunch refused: %s", exc)
+        return {"ok": False, "error": str(exc)}
+    runtime.trust_profile(new)
     runtime.request_relaunch(new)
     return {"ok": True, "profile": new.name}

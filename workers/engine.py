@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,6 +38,28 @@ class EngineState(str, enum.Enum):
     HEALTHY = "healthy"
     RESTARTING = "restarting"
     FAILED = "failed"
+
+
+# What the engine may inherit from the worker: the system, Python, CUDA/NCCL, the model cache,
+# SGLang's and its kernels' own settings, and the simulator's. Never the worker's secrets
+# (AWS keys, the Redis URL and password, HF_TOKEN: the engine runs offline).
+ENGINE_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "TERM",
+                              "LD_LIBRARY_PATH", "VIRTUAL_ENV",
+                              "XDG_CACHE_HOME"})
+ENGINE_ENV_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGINGFACE_",
+                       "TRANSFORMERS_", "SGLANG_", "FLASHINFER_", "TRITON_", "TORCH", "OMP_",
+                       "MKL_", "TOKENIZERS_", "FLEET_SIM_")
+# A name with one of these words (between underscores) is a secret: HF_TOKEN, *_SECRET_*,
+# *_KEY. Whole words only: FLEET_SIM_MEAN_OUTPUT_TOKENS is a setting, not a token.
+SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL",
+                          "CREDENTIALS", "AUTH"})
+
+
+def engine_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the worker's environment the engine gets (see ENGINE_ENV_PREFIXES)."""
+    return {k: v for k, v in environ.items()
+            if (k in ENGINE_ENV_NAMES or k.startswith(ENGINE_ENV_PREFIXES))
+            and SECRET_WORDS.isdisjoint(k.split("_"))}
 
 
 @dataclass(frozen=True)
@@ -69,7 +92,7 @@ class EngineSpec:
 
     def env(self) -> dict[str, str]:
         """The engine's environment: ours, the profile's, and the GPU pin."""
-        env = {**os.environ, **self.profile.env}
+        env = {**engine_base_env(os.environ), **self.profile.env}
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = self.cuda_device or str(self.gpu)
         env["FLEET_ENGINE_STOP_GRACE_S"] = str(self.stop_grace_s)

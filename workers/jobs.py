@@ -26,7 +26,8 @@ from pydantic import BaseModel, Field
 from workers.errors import JobError
 from workers.store import ObjectMissing, Store
 
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Matched in full: re.match(...$) would also take a trailing newline ("job\n").
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class SamplingSpec(BaseModel):
@@ -87,7 +88,7 @@ class PromptRow(BaseModel):
 
 def check_job_name(name: str) -> str:
     """Return ``name`` if it is a valid job name, else raise JobError."""
-    if not JOB_NAME.match(name):
+    if not isinstance(name, str) or JOB_NAME.fullmatch(name) is None:
         raise JobError(f"invalid job name {name!r}: use letters, digits, '.', '_' or '-'")
     return name
 
@@ -132,7 +133,8 @@ def save_spec(store: Store, spec: JobSpec) -> None:
 
 
 def load_spec(store: Store, job: str) -> JobSpec:
-    """Read the job record; JobError if the job does not exist."""
+    """Read the job record; JobError if the name is invalid or the job does not exist."""
+    check_job_name(job)
     try:
         return JobSpec.model_validate_json(store.get(job_key(job)))
     except ObjectMissing as exc:

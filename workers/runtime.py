@@ -65,6 +65,8 @@ class WorkerRuntime:
                                  gate=self.gate, watchdog_s=settings.lease_watchdog_s)
         self._stop = threading.Event()
         self._relaunch: LaunchProfile | None = None
+        # Profiles a relaunch message may name (workers/relaunch_guard.py): this worker's own.
+        self._trusted: dict[str, LaunchProfile] = {profile.name: profile}
         self._monitor = threading.Thread(target=self._watch, name="fleet-engine", daemon=True)
         self._beat = threading.Thread(target=self._beat_loop, name="fleet-heartbeat", daemon=True)
         self._failed_probes = 0
@@ -113,6 +115,16 @@ class WorkerRuntime:
             self.redis.set(handback_key(self.me.node), 1, ex=HANDBACK_TTL_S)
         except redis.RedisError as exc:
             log.warning("could not ask running batches to hand back: %s", exc)
+
+    def known_profiles(self) -> list[LaunchProfile]:
+        """Profiles this worker trusts for a relaunch: the current one first, then the
+        start-up one and those it validated (config/profiles/ is read by the guard)."""
+        current = self.engine.spec.profile
+        return [current, *(p for p in self._trusted.values() if p.name != current.name)]
+
+    def trust_profile(self, profile: LaunchProfile) -> None:
+        """Remember a profile the relaunch guard built, so it can be named again later."""
+        self._trusted[profile.name] = profile
 
     def request_relaunch(self, profile: LaunchProfile) -> None:
         """Ask the monitor to restart the engine with ``profile`` (tuner, remote control)."""

@@ -8,7 +8,9 @@ conversion is tested on real captures on machines without a GPU.
 Memory: NVML's v2 ``used`` excludes the driver's reserved memory and equals nvidia-smi's
 ``memory.used``; v1 ``used`` includes it (see fixtures/nvml-h200x2/README.md). We report v2
 when the driver has it. NVML indices follow PCI bus order, so an engine pinned with
-``CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=N`` shows up on index N.
+``CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=N`` shows up on index N. Inside a
+container that reserves one GPU, NVML sees only that one, as index 0, whatever its host index:
+there ``FLEET_CUDA_DEVICE`` (the engine's ``CUDA_VISIBLE_DEVICES``, 0) is the NVML index.
 
 This module imports only the standard library and pynvml, so it also runs as a script
 (``python workers/tune/gpu.py 0 1``) on machines that have nothing else installed.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -88,8 +91,16 @@ def _device_raw(handle: Any, index: int) -> RawGpu:
     }
 
 
+def nvml_index(index: int) -> int:
+    """The NVML index of the fleet's GPU ``index``: ``FLEET_CUDA_DEVICE`` when it names one
+    device (a container's GPU is device 0), else ``index`` itself."""
+    pinned = os.environ.get("FLEET_CUDA_DEVICE", "").strip()
+    return int(pinned) if pinned.isdigit() else index
+
+
 def read_raw(index: int) -> RawGpu:
     """Raw NVML readings for GPU ``index`` plus the driver version; raises GpuUnavailable."""
+    fleet_index, index = index, nvml_index(index)
     try:
         import pynvml
     except ImportError as exc:
@@ -102,7 +113,7 @@ def read_raw(index: int) -> RawGpu:
         count = pynvml.nvmlDeviceGetCount()
         if not 0 <= index < count:
             raise GpuUnavailable(f"GPU index {index} not present (NVML sees {count} GPUs)")
-        raw = _device_raw(pynvml.nvmlDeviceGetHandleByIndex(index), index)
+        raw = _device_raw(pynvml.nvmlDeviceGetHandleByIndex(index), fleet_index)
         raw["driver"] = _text(_optional(pynvml.nvmlSystemGetDriverVersion))
         return raw
     except pynvml.NVMLError as exc:
