@@ -17,7 +17,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import redis
 from celery import Celery
 
@@ -36,6 +35,7 @@ from workers.jobs import (
     staged_sha256,
 )
 from workers.manifest import encode_manifest, load_manifest, manifest_key, success_key
+from workers.progress import spill_rows
 from workers.sink import reset_auto_trigger
 from workers.sinklock import SinkLock
 from workers.store import Store
@@ -83,13 +83,15 @@ def mark_reopened(store: Store, job: str) -> None:
         store.put(manifest_key(job), encode_manifest(manifest))
 
 
-def _reopen(r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
+def _reopen(store: Store, r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
             redo: list[dict[str, Any]]) -> None:
     keys = jobstate.Keys(job)
+    chunk = spill_rows(store, job, batch, f"requeue-{uuid.uuid4().hex[:12]}", keep) if keep \
+        else ""
     pipe = r.pipeline()
     pipe.delete(keys.progress(batch))
-    if keep:
-        pipe.hset(keys.progress(batch), mapping={str(x["index"]): orjson.dumps(x) for x in keep})
+    if keep:  # the kept rows wait in the store; Redis records where, as the workers do
+        pipe.hset(keys.progress(batch), mapping={str(x["index"]): chunk for x in keep})
     # The batch now adds only the rows it keeps; the redone ones count again when recorded.
     jobstate.set_batch_counts(pipe, job, batch, jobstate.batch_counts(keep))
     pipe.hdel(f"{keys.job}:crashes", *[str(x["index"]) for x in redo])
@@ -125,7 +127,7 @@ def _requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, truncated
         sha = _restage(store, spec.name, batch, {x["index"] for x in redo}, max_new_tokens)
         if sha is not None and batch < len(shas):
             shas[batch] = sha
-        _reopen(r, spec.name, batch, keep, redo)
+        _reopen(store, r, spec.name, batch, keep, redo)
         store.delete(result_key(spec.name, batch))
         reopened.append(batch)
         report.rows += len(redo)

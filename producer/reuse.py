@@ -46,6 +46,7 @@ from workers.jobs import (
     result_key,
 )
 from workers.manifest import launch_digest, row_bucket
+from workers.progress import spill_rows
 from workers.sink import prefetched, stored_batches
 from workers.store import Store
 
@@ -132,16 +133,19 @@ def _quarantined(spec: JobSpec, batch: int, row: PromptRow, profile: str) -> dic
             "profile": profile, "gpu": None, "node": REUSE_NODE, "launch_digest": None}
 
 
-def _prefill(r: redis.Redis, job: str, batch: int, rows: list[dict[str, Any]]) -> None:
-    """Put reused rows into the batch's progress hash as its owner for a moment (skipped if a
-    run owns the batch); counters move once, series not at all."""
+def _prefill(store: Store, r: redis.Redis, job: str, batch: int,
+             rows: list[dict[str, Any]]) -> None:
+    """Record reused rows as answered prompts of the batch (in a progress chunk, as the workers
+    do), as its owner for a moment (skipped if a run owns the batch); counters move once,
+    series not at all."""
     keys = jobstate.Keys(job)
     token = f"{REUSE_NODE}|{uuid.uuid4().hex}"
     if not r.set(keys.owner(batch), token, nx=True, px=60_000):
         return
+    chunk = spill_rows(store, job, batch, f"{REUSE_NODE}-{token[-12:]}", rows).encode()
     scratch = [f"{keys.job}:reuse:scratch:{n}" for n in range(3)]
     args = jobstate.record_args(batch, REUSE_NODE, token, [
-        (x["index"], orjson.dumps(x), row_bucket(x), x["completion_tokens"]) for x in rows])
+        (x["index"], chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
     r.register_script(jobstate.RECORD_ROWS)(
         keys=[keys.progress(batch), keys.stats, keys.done, *scratch, keys.owner(batch),
               keys.bstats], args=args)
@@ -185,7 +189,7 @@ def apply_reuse(store: Store, r: redis.Redis, spec: JobSpec, source: str,
             store.put(result_key(spec.name, batch), encode_rows(full, compress=False))
             report.batches += 1
         else:
-            _prefill(r, spec.name, batch, reused)
+            _prefill(store, r, spec.name, batch, reused)
             report.partial_batches += 1
     return report
 

@@ -28,7 +28,7 @@ from workers.delivery.ownership import LostOwnership, Ownership
 from workers.engine import Engine, EngineSpec
 from workers.gpu_share import Claim, allowed, others_in_flight
 from workers.jobs import encode_rows, result_key
-from workers.progress import BatchEnv, ProgressRecorder
+from workers.progress import BatchEnv, ProgressRecorder, read_progress
 from workers.store import open_store
 
 
@@ -138,14 +138,16 @@ def test_counting_a_stored_batch_never_doubles_rows_counted_live(r: redis.Redis,
     assert jobstate.counters(r, "c") == dict.fromkeys(jobstate.COUNT_FIELDS, 0)
 
 
-def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis) -> None:
+def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis,
+                                                             tmp_path: Path) -> None:
     port = r.connection_pool.connection_kwargs["port"]
+    store = open_store(tmp_path.as_uri(), None)
 
     async def scenario() -> None:
         ar = aioredis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=0.2,
                                retry=None)
         me = WorkerIdentity(node="n", host="h", gpu=0, port=1)
-        env = BatchEnv(settings=None, me=me, store=None, redis=ar, profile="p")  # type: ignore[arg-type]
+        env = BatchEnv(settings=None, me=me, store=store, redis=ar, profile="p")  # type: ignore[arg-type]
         r.set(jobstate.Keys("fl").owner(0), "tok")
         rec = ProgressRecorder(env, "fl", 0, "tok")
         for i in range(3):
@@ -158,7 +160,8 @@ def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis) -> 
         finally:
             r.client_unpause()
         await rec.flush()
-        assert r.hlen(jobstate.Keys("fl").progress(0)) == 3
+        chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("fl").progress(0)).items()}
+        assert [x["index"] for x in read_progress(store, "fl", 0, chunks)] == [0, 1, 2]
         r.set(jobstate.Keys("fl").owner(0), "another run")
         rec.add(_row("fl", 0, 3))
         with pytest.raises(LostOwnership):

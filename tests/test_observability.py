@@ -172,7 +172,8 @@ def test_progress_recorder_counts_each_kind_once_and_reports_progress(r, redis_s
 
     async def record() -> None:
         env = _env(redis_server.url, tmp_path, hook)
-        rec = ProgressRecorder(env, "obs", 0)
+        r.set(jobstate.Keys("obs").owner(0), "n|1|2|tok")  # the recorder's run owns the batch
+        rec = ProgressRecorder(env, "obs", 0, "n|1|2|tok")
         for i, kind in enumerate(("ok", "ok", "truncated", "failed", "quarantined")):
             rec.add(_row(i, kind))
         await rec.flush()
@@ -259,7 +260,7 @@ def test_worker_info_and_status_table_show_running_cap_queue_and_rate():
     console = Console(record=True, width=160)
     console.print(render.status_table(st))
     text = console.export_text()
-    assert "12/40" in text and "851" in text and "6 / 2 (1) / 1" in text
+    assert "12/40" in text and "851" in text and "6 / 2 / 1 / 1" in text
 
 
 @pytest.fixture()
@@ -300,7 +301,8 @@ def test_report_writes_markdown_summary_and_non_empty_pngs(r, redis_server, tmp_
 
     async def record() -> None:
         env = _env(redis_server.url, tmp_path)
-        rec = ProgressRecorder(env, "obs", 0)
+        r.set(jobstate.Keys("obs").owner(0), "n|1|2|tok")
+        rec = ProgressRecorder(env, "obs", 0, "n|1|2|tok")
         for row in rows:
             rec.add(row)
         await rec.flush()

@@ -22,7 +22,6 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import orjson
 from redis.exceptions import RedisError
 
 from workers import jobstate, sink
@@ -34,7 +33,13 @@ from workers.errors import EngineError, EngineUnavailable, PromptRejected, Store
 from workers.gpu_share import GpuShare
 from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.limiter import Limiter
-from workers.progress import BatchEnv, ProgressRecorder, result_row
+from workers.progress import (
+    BatchEnv,
+    ProgressRecorder,
+    drop_progress,
+    read_progress,
+    result_row,
+)
 from workers.retry import RetryPolicy, backoff_s
 from workers.sampling_params import sampling_for
 
@@ -354,6 +359,7 @@ class BatchRunner:
         if not finished:
             raise LostOwnership(f"batch {self.spec.name}/{self.batch} was taken over while its "
                                 "result was written (the new owner writes it again)")
+        await asyncio.to_thread(drop_progress, self.env.store, self.spec.name, self.batch)
         await sink.trigger_when_done(self.env.redis, self.spec, self.env.settings)
         return self._summary(rows, time.monotonic() - t0)
 
@@ -367,8 +373,11 @@ class BatchRunner:
                 "failed": failed, "output_tokens": tokens, "seconds": round(secs, 3)}
 
     async def _collect(self) -> list[dict[str, Any]]:
+        """Every answered row, read from the chunks the progress hash names for its index."""
         raw = await self.env.redis.hgetall(jobstate.Keys(self.spec.name).progress(self.batch))
-        rows = sorted((orjson.loads(v) for v in raw.values()), key=lambda r: r["index"])
+        rows = await asyncio.to_thread(
+            read_progress, self.env.store, self.spec.name, self.batch,
+            {int(i): c.decode() for i, c in raw.items()})
         expected = [r.index for r in self.rows]
         if [r["index"] for r in rows] != expected:
             missing = sorted(set(expected) - {r["index"] for r in rows})

@@ -9,6 +9,7 @@ Layout under the store root::
     jobs/<job>/job.json                   the JobSpec
     jobs/<job>/inputs/b000012.jsonl.gz    staged prompts of batch 12 (claim check)
     jobs/<job>/results/b000012.jsonl      every row of batch 12, written once it is complete
+    jobs/<job>/progress/b000012/*.jsonl   answered rows of batch 12 while it runs (chunks)
 """
 
 from __future__ import annotations
@@ -101,6 +102,16 @@ def job_key(job: str) -> str:
 def input_key(job: str, batch: int) -> str:
     """Store key of a batch's staged prompts."""
     return f"jobs/{job}/inputs/b{batch:06d}.jsonl.gz"
+
+
+def progress_prefix(job: str, batch: int) -> str:
+    """Store prefix of a running batch's answered rows, spilled in chunks (workers/progress.py)."""
+    return f"jobs/{job}/progress/b{batch:06d}/"
+
+
+def progress_chunk_key(job: str, batch: int, chunk: str) -> str:
+    """Store key of one chunk of a batch's answered rows."""
+    return f"{progress_prefix(job, batch)}{chunk}.jsonl"
 
 
 def result_key(job: str, batch: int) -> str:

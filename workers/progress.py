@@ -1,10 +1,13 @@
-"""Per-prompt progress of a batch: result rows and the Lua call that records them in Redis."""
+"""Per-prompt progress of a batch: result rows, spilled to the store in chunks, and the Lua call
+that records in Redis which prompts are answered (and where their rows are)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +20,8 @@ from workers import jobstate
 from workers.context import WorkerIdentity
 from workers.delivery.ownership import LostOwnership
 from workers.engine_client import Completion
-from workers.jobs import JobSpec, PromptRow
+from workers.errors import StoreError
+from workers.jobs import JobSpec, PromptRow, progress_chunk_key, progress_prefix
 from workers.manifest import row_bucket
 from workers.metrics import node_prompts_key
 from workers.store import Store
@@ -25,6 +29,12 @@ from workers.store import Store
 log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.5
+# Answered rows wait in memory at most this long, or until this many bytes, before they are
+# written to the store as one chunk (a crash loses at most that much work); a batch of 10
+# minutes writes at most ~120 chunks.
+SPILL_INTERVAL_S = 5.0
+SPILL_BYTES = 8 * 2**20
+CHUNK_READERS = 8
 # Told (rows, output tokens) after each flush: the task's Flower progress events.
 ProgressHook = Callable[[int, int], Awaitable[None]]
 
@@ -63,26 +73,78 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
     }
 
 
+def spill_rows(store: Store, job: str, batch: int, chunk: str,
+               rows: list[dict[str, Any]] | list[bytes]) -> str:
+    """Write answered rows of ``batch`` to the store as one chunk; return the chunk's name."""
+    lines = [x if isinstance(x, bytes) else orjson.dumps(x) for x in rows]
+    store.put(progress_chunk_key(job, batch, chunk), b"".join(x + b"\n" for x in lines))
+    return chunk
+
+
+def read_progress(store: Store, job: str, batch: int,
+                  chunks: dict[int, str]) -> list[dict[str, Any]]:
+    """The answered rows of ``batch``, in index order: each index's row from the chunk that
+    Redis recorded for it (a chunk may also hold rows another run wrote: they are skipped)."""
+    wanted: dict[str, set[int]] = {}
+    for index, chunk in chunks.items():
+        wanted.setdefault(chunk, set()).add(index)
+    keys = [progress_chunk_key(job, batch, c) for c in wanted]
+    rows: dict[int, dict[str, Any]] = {}
+    with ThreadPoolExecutor(max_workers=CHUNK_READERS) as pool:
+        for chunk, data in zip(wanted, pool.map(store.get, keys), strict=True):
+            for line in data.splitlines():
+                row = orjson.loads(line)
+                if row["index"] in wanted[chunk]:
+                    rows[row["index"]] = row
+    return [rows[i] for i in sorted(rows)]
+
+
+def drop_progress(store: Store, job: str, batch: int) -> None:
+    """Delete a finished batch's chunks (best effort: leftovers are only storage)."""
+    try:
+        for key in list(store.list(progress_prefix(job, batch))):
+            store.delete(key)
+    except (StoreError, OSError) as exc:
+        log.warning("progress chunks of %s/%d not deleted: %s", job, batch, exc)
+
+
 class ProgressRecorder:
-    """Buffers finished rows; writes them to the batch's progress hash, one Lua call per kind,
-    as the batch's owner (``token``)."""
+    """Answered rows of a batch, kept out of Redis: buffered, then written to the store in
+    chunks (``jobs/<job>/progress/b<batch>/``); Redis records for each answered index only the
+    name of the chunk that holds its row, as the batch's owner (``token``), and counts each
+    row once. Redis's share of a running batch is a few bytes per prompt whatever the size of
+    its completion, and a redelivered batch still resumes from every answered prompt."""
 
     def __init__(self, env: BatchEnv, job: str, batch: int, token: str) -> None:
-        self._env, self._batch, self._token = env, batch, token
+        self._env, self._job, self._batch, self._token = env, job, batch, token
         self._keys = jobstate.Keys(job)
-        # Rows by manifest bucket (ok/truncated/failed/quarantined), flushed one bucket per call.
+        # Rows by manifest bucket (ok/truncated/failed/quarantined), recorded one bucket per call.
         self._buf: dict[str, list[tuple[int, bytes, str, int]]] = {}
+        self._bytes = 0
+        self._since: float | None = None
+        self._chunk_tag, self._seq = token.rsplit("|", 1)[-1], 0
         self._script = env.redis.register_script(jobstate.RECORD_ROWS)
 
     def add(self, result: dict[str, Any]) -> None:
         """Queue one finished row for the next flush."""
-        kind = row_bucket(result)
+        kind, data = row_bucket(result), orjson.dumps(result)
         self._buf.setdefault(kind, []).append(
-            (result["index"], orjson.dumps(result), kind, result["completion_tokens"]))
+            (result["index"], data, kind, result["completion_tokens"]))
+        self._bytes += len(data)
+        self._since = self._since if self._since is not None else time.monotonic()
 
-    def _put_back(self, groups: dict[str, list[tuple[int, bytes, str, int]]]) -> None:
+    def due(self) -> bool:
+        """Whether the buffered rows should be written now (old or big enough)."""
+        if not self._buf or self._since is None:
+            return False
+        return self._bytes >= SPILL_BYTES or time.monotonic() - self._since >= SPILL_INTERVAL_S
+
+    def _put_back(self, groups: dict[str, list[tuple[int, bytes, str, int]]], nbytes: int,
+                  since: float | None) -> None:
         for kind, rows in groups.items():
             self._buf.setdefault(kind, [])[:0] = rows
+        self._bytes += nbytes
+        self._since = since if self._since is None else min(self._since, since or self._since)
 
     async def flush(self) -> None:
         """Write buffered rows (counted once each, whatever happens to the batch later).
@@ -92,21 +154,30 @@ class ProgressRecorder:
         if not self._buf:
             return
         groups, self._buf = self._buf, {}
+        nbytes, since, self._bytes, self._since = self._bytes, self._since, 0, None
         k, node = self._keys, self._env.me.node
         keys = [k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
                 jobstate.node_stats_key(node), k.owner(self._batch), k.bstats]
         fresh: dict[str, int] = {}
         written: list[str] = []
         try:
+            chunk = await asyncio.to_thread(
+                spill_rows, self._env.store, self._job, self._batch,
+                f"{self._chunk_tag}-{self._seq:06d}",
+                [row[1] for rows in groups.values() for row in rows])
+            self._seq += 1
             for kind, rows in groups.items():  # the script's count per bucket: exact per kind
+                refs = [(index, chunk.encode(), kind_, tokens)
+                        for index, _, kind_, tokens in rows]
                 n = await self._script(
-                    keys=keys, args=jobstate.record_args(self._batch, node, self._token, rows))
+                    keys=keys, args=jobstate.record_args(self._batch, node, self._token, refs))
                 if n < 0:
                     raise LostOwnership(f"batch {self._batch} is owned by another run")
                 fresh[kind] = n
                 written.append(kind)
-        except (RedisError, OSError):
-            self._put_back({kind: rows for kind, rows in groups.items() if kind not in written})
+        except (RedisError, OSError, StoreError):
+            left = {kind: rows for kind, rows in groups.items() if kind not in written}
+            self._put_back(left, nbytes if left else 0, since)
             raise
         finally:
             await self._after(fresh, groups, written)
@@ -133,12 +204,15 @@ class ProgressRecorder:
             await pipe.execute()
 
     async def run_flusher(self) -> None:
-        """Flush every FLUSH_INTERVAL_S until cancelled; a failed write is retried next time
-        (the rows stay buffered), so one Redis hiccup neither drops rows nor ends the flusher."""
+        """Flush whenever rows are due until cancelled; a failed write is retried next time
+        (the rows stay buffered), so one Redis or store hiccup neither drops rows nor ends the
+        flusher."""
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
+            if not self.due():
+                continue
             try:
                 await self.flush()
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, StoreError) as exc:
                 log.warning("progress flush of batch %d failed (kept for the next): %s",
                             self._batch, exc)

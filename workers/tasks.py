@@ -30,7 +30,7 @@ from workers.errors import JobError
 from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
 from workers.jobs import load_checked_input, load_spec, result_key
-from workers.progress import BatchEnv
+from workers.progress import BatchEnv, drop_progress
 from workers.store import RetryingStore, Store, open_store, store_policy
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ def _settle_stored(settings: Settings, store: Store, job: str, batch: int) -> No
                2, keys.owner(batch), keys.progress(batch))
     finally:
         r.close()
+    drop_progress(store, job, batch)
 
 
 def _skipped(job: str, batch: int, why: str) -> dict[str, Any]:
