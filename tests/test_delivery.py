@@ -41,7 +41,9 @@ def _wait_for(pred, timeout_s: float, what: str) -> float:
 
 def test_batch_of_sigkilled_worker_returns_within_60s_and_keeps_progress(
         fleet_env, make_workers, tmp_path, r):
-    (a,) = make_workers([0], FLEET_SIM_SPEED="1", FLEET_SIM_MEAN_OUTPUT_TOKENS="60")
+    # Slow enough that the first rows are recorded (answered rows are spilled every few
+    # seconds) long before the batch could finish.
+    (a,) = make_workers([0], FLEET_SIM_SPEED="1", FLEET_SIM_MEAN_OUTPUT_TOKENS="300")
     src = write_prompts(tmp_path / "p.jsonl", 200)
     assert run_producer(fleet_env, "enqueue", str(src), "--job", "kill", "--batch-size",
                         "200").returncode == 0
@@ -174,7 +176,8 @@ def test_redis_restarted_empty_mid_job_is_restored_by_enqueue(fleet_env, make_wo
     own_redis.stop()
     restarted = start_redis(tmp_path / "own-redis", port=own_redis.port)
     own_redis.proc = restarted.proc
-    assert restarted.client().dbsize() == 0
+    # Empty of the job (a worker may already have written its heartbeat again).
+    assert not restarted.client().keys("fleet:job:loss*")
     res = run_producer(env, "enqueue", str(src), "--job", "loss")
     assert res.returncode == 0, res.stderr
     fresh = restarted.client()

@@ -20,6 +20,7 @@ from workers.jobs import (
     result_key,
 )
 from workers.manifest import launch_digest
+from workers.progress import read_progress
 from workers.store import LocalStore
 
 
@@ -101,7 +102,8 @@ def test_reuse_needs_same_sampling_and_profile_and_matches_repeats_once(tmp_path
     new = make_job(store, "dst", rows, batch_size=10, missing=(0,))
     report = apply_reuse(store, r, new, "src", "qwen36-27b")
     assert (report.rows, report.batches, report.partial_batches) == (3, 0, 1)
-    got = {int(i): orjson.loads(v) for i, v in r.hgetall(jobstate.Keys("dst").progress(0)).items()}
+    chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("dst").progress(0)).items()}
+    got = {x["index"]: x for x in read_progress(store, "dst", 0, chunks)}
     assert sorted(got) == [0, 1, 3]  # two of three repeats: src has two finished copies
     assert {got[0]["completion"], got[1]["completion"]} == {"answer to p0", "answer to p0b"}
     assert got[3]["completion"] == "answer to p1" and got[3]["id"] == "p1"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -97,6 +98,7 @@ class BatchRunner:
         self._engine_wait: asyncio.Task[bool] | None = None
         self._crash_restarts = 0
         self._blame_all = True  # in isolation only a lone suspect is blamed for a crash
+        self._parent = os.getppid()  # the worker's main process (Celery's pool parent)
         self.sent = 0
 
     def __repr__(self) -> str:
@@ -329,6 +331,9 @@ class BatchRunner:
             return None
         if state == b"cancelled":
             return JobStopped(f"job {self.spec.name} cancelled")
+        if os.getppid() != self._parent:
+            return HandBack(f"the worker process of batch {self.batch} is gone: its claim is "
+                            "given up for the redelivery")
         if handback:
             return HandBack(f"worker {self.env.me.node} is stopping: batch {self.batch} "
                             "handed back with its answered prompts kept")

@@ -99,9 +99,12 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
         owner = Ownership(r, job, batch, me.node, settings.visibility_timeout_s)
         wait_s = settings.visibility_timeout_s + settings.lease_renew_s
         claimed = await owner.acquire(stored, wait_s)
-        if claimed.status != "ok":
-            return _skipped(job, batch, "already done" if claimed.status == "done"
-                            else f"held by {claimed.holder}")
+        if claimed.status == "done":
+            return _skipped(job, batch, "already done")
+        if claimed.status == "held":
+            # A live run owns it (a duplicate message, or a run that is still letting go):
+            # keep a message for the batch rather than ack the only one away.
+            raise HandBack(f"batch {job}/{batch} is held by {claimed.holder}")
         owner.start_keeping(settings.lease_renew_s)
         try:
             return await _generate(task, settings, store, r, spec, batch, owner)
