@@ -216,6 +216,38 @@ def test_bad_sampling_params_are_rejected(small: Sim) -> None:
     assert small.post("/generate", {"sampling_params": {}}).status_code == 400
 
 
+def test_unknown_sampling_key_is_a_bare_500_as_in_sglang(small: Sim) -> None:
+    # SamplingParams(**params) raises TypeError and /generate catches only ValueError.
+    for key in ("seed", "user", "logprobs", "best_of", "max_completion_tokens"):
+        resp = small.post("/generate", {"text": "hi", "sampling_params": {key: 1}})
+        assert resp.status_code == 500, key
+        assert resp.text == "Internal Server Error"
+        assert resp.headers["content-type"].startswith("text/plain")
+    known = {"sampling_seed": 1, "n": 1, "max_new_tokens": 2, "spaces_between_special_tokens": True}
+    assert small.post("/generate", {"text": "hi", "sampling_params": known}).status_code == 200
+    # The OpenAI routes parse the body into pydantic models: unknown keys never reach
+    # SamplingParams.
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 1,
+            "user": "u", "logprobs": False}
+    assert small.post("/v1/chat/completions", body).status_code == 200
+    assert small.get("/health").status_code == 200
+
+
+def test_output_length_is_drawn_from_the_seed_and_the_prompt(small: Sim, start) -> None:
+    other = start([*SMALL_MODEL], {"FLEET_SIM_SPEED": "1000", "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40"})
+    prompts = [f"prompt number {i}" for i in range(12)]
+
+    def lengths(sim: Sim, order: list[str]) -> dict[str, int]:
+        bodies = [{"text": p, "sampling_params": {"max_new_tokens": 3000}} for p in order]
+        got = asyncio.run(_post_many(f"{sim.url}/generate", bodies))
+        pairs = zip(order, got, strict=True)
+        return {p: r.json()["meta_info"]["completion_tokens"] for p, r in pairs}
+
+    first = lengths(small, prompts)
+    assert len(set(first.values())) > 1  # a distribution, not one length
+    assert lengths(other, prompts[::-1]) == first  # another process, another order
+
+
 def test_openai_endpoints(small: Sim) -> None:
     comp = small.post("/v1/completions", {"prompt": "hello there", "model": "x"}).json()
     assert comp["object"] == "text_completion"

@@ -2,7 +2,8 @@
 
 Speaks SGLang's native ``/generate`` for plain prompts and ``/v1/chat/completions`` for chat
 messages, and reads the engine's effective running cap. Transport errors and status codes are
-translated here: 400 -> PromptRejected, connection errors / 5xx / timeouts -> EngineUnavailable.
+translated here: 400 -> PromptRejected, 500 -> PromptFailed (a few tries if the engine is still
+healthy), connection errors / other 5xx / timeouts -> EngineUnavailable.
 
 The transport is aiohttp: a worker sends every prompt through here, and httpx's connection
 pool bookkeeping cost ~2 ms of CPU per request at 50-100 connections (bench/overhead.py).
@@ -17,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from workers.errors import EngineUnavailable, PromptRejected
+from workers.errors import EngineUnavailable, PromptFailed, PromptRejected
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,12 @@ class EngineClient:
         if status == 400 or status == 422:
             text = content[:300].decode(errors="replace")
             raise PromptRejected(f"engine rejected the prompt: {text}")
+        if status == 500:
+            text = content[:200].decode(errors="replace").strip()
+            raise PromptFailed(
+                f"engine answered HTTP 500 to this prompt ({text!r}); SGLang answers a bare 500 "
+                "to a sampling key SamplingParams does not take"
+            )
         if status != 200:
             raise EngineUnavailable(f"{self.base_url}{path}: HTTP {status}")
         return orjson.loads(content), time.monotonic() - start

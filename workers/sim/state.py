@@ -6,7 +6,8 @@ is SGLang's). ``max_new_tokens`` is then clamped like ``Scheduler.init_req_max_n
 
 Fault injection (sim only, for tests): a prompt containing ``__SIM_CRASH__`` kills the whole sim
 process (``os._exit(1)``) when the request is admitted to the running batch, as an engine crash on
-a poison prompt would; a prompt containing ``__SIM_HANG__`` is admitted and never advances.
+a poison prompt would; a prompt containing ``__SIM_HANG__`` is admitted and never advances; a
+prompt containing ``__SIM_ERROR__`` gets the bare HTTP 500 of an exception no handler catches.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from workers.sim.textgen import OutputLengths
 
 CRASH_MARKER = "__SIM_CRASH__"
 HANG_MARKER = "__SIM_HANG__"
+ERROR_MARKER = "__SIM_ERROR__"
 SGLANG_VERSION = "0.5.11"
 
 
@@ -91,8 +93,35 @@ def resolved_server_args(
     return resolved
 
 
+# The keywords ``SamplingParams.__init__`` takes (srt/sampling/sampling_params.py, 0.5.10.post1
+# and 0.5.11; the same names are the msgspec fields of later releases). The tokenizer manager
+# builds ``SamplingParams(**{**preferred_sampling_params, **sampling_params})``
+# (``TokenizerManager._tokenize_one_request``), so any other key is a TypeError.
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
+        "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+        "min_new_tokens", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
+        "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+        "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+    }
+)
+
+
+class Uncaught(TypeError):
+    """An error SGLang's ``/generate`` handler does not catch (it catches only ValueError)."""
+
+
+def _check_keys(params: dict[str, Any]) -> None:
+    """Raise the TypeError ``SamplingParams(**params)`` raises on an unexpected keyword."""
+    for key in params:
+        if key not in SAMPLING_KEYS:
+            raise Uncaught(f"SamplingParams.__init__() got an unexpected keyword argument '{key}'")
+
+
 def _check_sampling(params: dict[str, Any]) -> int | None:
     """``SamplingParams.verify``: raise ValueError on bad values; return max_new_tokens."""
+    _check_keys(params)
     max_new = params.get("max_new_tokens", 128)
     if max_new is not None and (not isinstance(max_new, int) or isinstance(max_new, bool)):
         raise ValueError(f"max_new_tokens must be an integer, got {max_new!r}.")
@@ -132,16 +161,24 @@ def make_request(
     params: dict[str, Any],
     text: str = "",
     rid: str | None = None,
+    key: str | None = None,
 ) -> SimRequest:
-    """Validate one prompt and build its SimRequest (raises ValueError -> HTTP 400)."""
+    """Validate one prompt and build its SimRequest (raises ValueError -> HTTP 400).
+
+    ``key`` identifies the prompt for its output length (default: ``text``); an unknown sampling
+    key (or the error marker) raises :class:`Uncaught`, which /generate answers with a bare 500.
+    """
     max_new = _check_sampling(params)
+    if ERROR_MARKER in text:
+        raise Uncaught("sim fault injection: __SIM_ERROR__")
     plan = state.plan
     if state.args.allow_auto_truncate:
         input_len = min(input_len, plan.max_req_input_len)
     else:
         _check_context(input_len, max_new, plan.context_len)
     clamped = clamp_max_new_tokens(max_new, input_len, plan.max_req_len)
-    drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw()
+    identity = text if key is None else key
+    drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw(identity)
     return SimRequest(
         rid=rid or uuid.uuid4().hex,
         input_len=input_len,
