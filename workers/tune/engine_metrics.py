@@ -90,3 +90,24 @@ def parse_metrics(text: str) -> MetricSet:
         metrics.samples.setdefault(name, []).append(Sample(labels, value))
         metrics.spelling.setdefault(name, prefix)
     return metrics
+
+
+def full_kv_usage(metrics: MetricSet) -> tuple[float | None, str]:
+    """Usage of the full-attention KV pool, never the Mamba pool's, and the metrics it came from.
+
+    ``sglang:token_usage`` is ``max(full_token_usage, mamba_usage)`` on hybrid SSM models
+    (``SchedulerMetricsMixin.log_decode_stats``, 0.5.10-0.5.11) and ``full_token_usage`` /
+    ``mamba_usage`` are exported, as 0, by every model, so neither name says which kind of model
+    it is. ``num_used_tokens / max_total_num_tokens`` is the full pool on every model; the
+    gauges are the fallback, and ``token_usage`` only counts while no Mamba slot is in use.
+    """
+    used, total = metrics.total("num_used_tokens"), metrics.total("max_total_num_tokens")
+    if used is not None and total:
+        names = f"{metrics.source('num_used_tokens')} / {metrics.source('max_total_num_tokens')}"
+        return used / total, f"metrics {names}"
+    full = metrics.mean("full_token_usage")
+    if full:
+        return full, f"metrics {metrics.source('full_token_usage')}"
+    if metrics.mean("mamba_usage"):
+        return None, ""
+    return metrics.mean("token_usage"), f"metrics {metrics.source('token_usage')}"

@@ -4,8 +4,8 @@ Every quantity has an ordered list of sources; the first one present wins. The o
 follows ``shared/facts/sglang.md``: the effective running cap comes from
 ``internal_states[i].effective_max_running_requests_per_dp``, ``/v1/loads`` or the scheduler's
 startup line, never from the top-level ``max_running_requests`` of ``/server_info`` (the CLI
-value); KV usage on hybrid models comes from ``full_token_usage`` because ``token_usage`` is
-``max(kv, mamba)`` there.
+value); KV usage is the full-attention pool's (used / capacity tokens), because
+``token_usage`` is ``max(kv, mamba)`` on hybrid models.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.tune.engine_log import LogFacts, parse_log
-from workers.tune.engine_metrics import MetricSet, parse_metrics
+from workers.tune.engine_metrics import MetricSet, full_kv_usage, parse_metrics
 
 Value = float | int | str | bool
 Candidate = tuple[Value | None, str]
@@ -96,9 +96,9 @@ def _sum_loads(loads: Mapping[str, Any], key: str) -> float | None:
     return sum(found) if found else None
 
 
-def _mean_loads(loads: Mapping[str, Any], key: str) -> float | None:
-    found = _sum_loads(loads, key)
-    return None if found is None else found / len(_loads(loads))
+def _loads_kv_usage(loads: Mapping[str, Any]) -> float | None:
+    used, total = _sum_loads(loads, "num_used_tokens"), _sum_loads(loads, "max_total_num_tokens")
+    return used / total if used is not None and total else None
 
 
 def _log_last(log: LogFacts, *keys: str) -> float | None:
@@ -167,7 +167,6 @@ def _caps(s: _Sections) -> dict[str, list[Candidate]]:
 
 def _kv(s: _Sections) -> dict[str, list[Candidate]]:
     sched = s.log.scheduler
-    hybrid = s.log.mamba is not None or "mamba_usage" in s.metrics
     return {
         "kv_tokens": [
             (sched and sched.max_total_num_tokens, "log scheduler max_total_num_tokens="),
@@ -181,11 +180,10 @@ def _kv(s: _Sections) -> dict[str, list[Candidate]]:
             (_log_last(s.log, "#full token", "#token"), "log Decode batch #full token"),
         ],
         "kv_usage": [
-            _m(s, "full_token_usage", "mean"),
-            (_mean_loads(s.loads, "token_usage"), "loads loads[].token_usage (full KV only)"),
+            full_kv_usage(s.metrics),
+            (_loads_kv_usage(s.loads), "loads loads[].num_used_tokens / max_total_num_tokens"),
             (_log_last(s.log, "full token usage"), "log Decode batch full token usage"),
             (_log_last(s.log, "token usage"), "log Decode batch token usage"),
-            _m(s, "token_usage", "mean") if not hybrid else (None, ""),
         ],
         "mamba_usage": [
             _m(s, "mamba_usage", "mean"),
