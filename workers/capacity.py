@@ -199,9 +199,16 @@ class EngineFlags:
 
     @classmethod
     def from_flags(
-        cls, flags: Mapping[str, object], env: Mapping[str, str] | None = None
+        cls,
+        flags: Mapping[str, object],
+        env: Mapping[str, str] | None = None,
+        spec_v2_default: bool | None = None,
     ) -> EngineFlags:
-        """Build from flag names (dashes or underscores, leading dashes ok); others are ignored."""
+        """Build from flag names (dashes or underscores, leading dashes ok); others are ignored.
+
+        ``spec_v2_default`` is the release's default of ``SGLANG_ENABLE_SPEC_V2``
+        (:mod:`workers.sglang_versions`); the environment variable overrides it.
+        """
         known = {f.name: _CONVERTERS[f.name] for f in fields(cls)}
         values: dict[str, object] = {}
         for raw_key, raw_value in flags.items():
@@ -209,6 +216,8 @@ class EngineFlags:
             key = FLAG_ALIASES.get(key, key)
             if key in known and raw_value is not None:
                 values[key] = known[key](raw_value)
+        if spec_v2_default is not None:
+            values["enable_spec_v2"] = spec_v2_default
         if env is not None and "SGLANG_ENABLE_SPEC_V2" in env:
             values["enable_spec_v2"] = _to_bool(env["SGLANG_ENABLE_SPEC_V2"])
         return cls(**values)  # type: ignore[arg-type]

@@ -17,7 +17,6 @@ from starlette.routing import Route
 from workers.sim.engine import SimRequest
 from workers.sim.report import log
 from workers.sim.state import (
-    SGLANG_VERSION,
     SimState,
     Uncaught,
     make_request,
@@ -244,7 +243,7 @@ def server_info(state: SimState) -> dict[str, Any]:
         "max_total_num_tokens": state.plan.max_total_num_tokens,
         "max_req_input_len": state.plan.max_req_input_len,
         "internal_states": [internal_state(state)],
-        "version": SGLANG_VERSION,
+        "version": state.version,
     }
 
 
@@ -298,7 +297,7 @@ def loads_document(state: SimState) -> dict[str, Any]:
     entry = load_entry(state)
     return {
         "timestamp": datetime.now(timezone.utc).isoformat(),
-        "version": SGLANG_VERSION,
+        "version": state.version,
         "dp_rank_count": 1,
         "loads": [entry],
         "aggregate": {

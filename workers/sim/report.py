@@ -159,8 +159,10 @@ class Reporter:
         graph_max_bs: int,
         rate_limited: bool,
         prefix: str = "",
+        pending_token: bool = True,
     ) -> None:
         self.metrics = metrics
+        self.pending_token = pending_token  # 0.5.11's "#pending-token: N, " in prefill lines
         self.hybrid = hybrid
         self.speculative = speculative
         self.graph_max_bs = graph_max_bs
@@ -220,10 +222,11 @@ class Reporter:
         if not self._may_log("prefill"):
             return
         usage = usage_part(snap, self.hybrid, decode=False)
+        pending = "#pending-token: 0, " if self.pending_token else ""
         log(
             f"Prefill batch, #new-seq: {new_reqs}, #new-token: {new_tokens}, #cached-token: 0, "
             f"{usage}#running-req: {running_before}, "
-            f"#queue-req: {snap.queued}, #pending-token: 0, cuda graph: False, "
+            f"#queue-req: {snap.queued}, {pending}cuda graph: False, "
             f"input throughput (token/s): {throughput:.2f}",
             self.prefix,
         )

@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from config.settings import SimSettings, load_settings
 from workers.capacity import EngineFlags, model_shape, plan_capacity
+from workers.sglang_versions import traits
 from workers.sim.admin import admin_routes
 from workers.sim.api import generate_handler, native_routes
 from workers.sim.engine import EngineConfig, SimEngine
@@ -41,7 +42,9 @@ def log_prefix(args: argparse.Namespace) -> str:
 def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
     """Plan the capacity (raises ValueError/RuntimeError like SGLang's start) and wire the sim."""
     shape = model_shape(args.model_path)
-    flags = EngineFlags.from_flags(vars(args), os.environ)
+    version = traits(sim.sglang_version)
+    spec_v2 = version.spec_v2_default if version else None
+    flags = EngineFlags.from_flags(vars(args), os.environ, spec_v2)
     plan = plan_capacity(shape, flags, sim.gpu_memory_mib)
     name = args.served_model_name or args.model_path
     metrics = SimMetrics(name) if args.enable_metrics else None
@@ -54,6 +57,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         graph_max_bs=0 if args.disable_cuda_graph else plan.cuda_graph_max_bs,
         rate_limited=sim.speed > 1,
         prefix=log_prefix(args),
+        pending_token=version is None or version.prefill_pending_token,
     )
     config = EngineConfig(
         max_running_requests=plan.max_running_requests,
@@ -76,6 +80,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         metrics=metrics,
         lengths=OutputLengths(sim.mean_output_tokens, sim.output_sigma, sim.seed),
         speed=sim.speed,
+        version=sim.sglang_version,
         server_args=resolved_server_args(args, flags, plan),
     )
 

@@ -26,6 +26,7 @@ from workers.capacity import (
     resolved_mamba_strategy,
     speculative_params,
 )
+from workers.sglang_versions import DEFAULT_VERSION
 from workers.sim.engine import SimEngine, SimRequest, clamp_max_new_tokens
 from workers.sim.report import Reporter, SimMetrics
 from workers.sim.textgen import OutputLengths
@@ -33,7 +34,6 @@ from workers.sim.textgen import OutputLengths
 CRASH_MARKER = "__SIM_CRASH__"
 HANG_MARKER = "__SIM_HANG__"
 ERROR_MARKER = "__SIM_ERROR__"
-SGLANG_VERSION = "0.5.11"
 
 
 @dataclass
@@ -49,6 +49,7 @@ class SimState:
     metrics: SimMetrics | None
     lengths: OutputLengths
     speed: float
+    version: str = DEFAULT_VERSION
     ready: bool = False
     started_at: float = field(default_factory=time.time)
     server_args: dict[str, Any] = field(default_factory=dict)

@@ -76,6 +76,7 @@ class Diagnosis:
             "cause": self.verdict.cause,
             "notes": self.verdict.notes,
             "evidence": self.evidence,
+            "unread_evidence": self.view.model.unread,
             "recommendation": self.recommendation.to_json(),
             "memory_model": {
                 "measured": [m.as_evidence() for m in self.view.model.measured],

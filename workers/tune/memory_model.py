@@ -26,6 +26,7 @@ from typing import Any
 
 from workers import capacity
 from workers.capacity import GIB, CapacityPlan, EngineFlags, ModelShape
+from workers.sglang_versions import engine_version, supported_list, traits
 from workers.tune.engine_log import LogFacts
 from workers.tune.readings import Reading
 
@@ -70,6 +71,10 @@ class MemoryModel:
     mem_fraction_static: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     measured: list[Reading] = field(default_factory=list)
+    # SGLANG_ENABLE_SPEC_V2's default in the engine's release (None: workers.capacity's).
+    spec_v2_default: bool | None = None
+    # Evidence the calibration could not read, and what it used instead (never silent).
+    unread: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (
@@ -82,7 +87,7 @@ class MemoryModel:
         merged = dict(flags)
         if "mem-fraction-static" not in merged and self.mem_fraction_static is not None:
             merged["mem-fraction-static"] = self.mem_fraction_static
-        return EngineFlags.from_flags(merged, self.env)
+        return EngineFlags.from_flags(merged, self.env, self.spec_v2_default)
 
     def predict(self, flags: Mapping[str, Any]) -> Prediction:
         """Predict pools and cap for ``flags``; raises DoesNotFit where SGLang would refuse."""
@@ -207,7 +212,10 @@ def calibrate(
     """A memory model whose costs are measured from a live engine's log and /server_info."""
     info = server_info or {}
     model = catalog_model(flags, gpu_memory_mib, env)
-    engine_flags = EngineFlags.from_flags(flags, model.env)
+    version = engine_version(info)
+    found = traits(version)
+    model.spec_v2_default = found.spec_v2_default if found else None
+    engine_flags = model.engine_flags(flags)
     measured: list[Reading] = []
     shape = _calibrate_mamba(model.shape, log, engine_flags, measured)
     shape = _calibrate_kv(shape, log, engine_flags, measured)
@@ -219,4 +227,30 @@ def calibrate(
         measured.append(Reading("mem_fraction_static", fraction, "server_info mem_fraction_static"))
     observed = log.scheduler.max_total_num_tokens if log.scheduler else log.kv_tokens
     _fit_offset(model, flags, observed)
+    model.unread = _unread(version, log, model)
     return model
+
+
+def _unread(version: str | None, log: LogFacts, model: MemoryModel) -> list[str]:
+    """What the calibration could not read from this engine, and what it used instead."""
+    out = []
+    if version is not None and traits(version) is None:
+        out.append(
+            f"server_info version {version}: not a supported SGLang release ({supported_list()}); "
+            "its log formats and pool arithmetic may differ from the ones used here"
+        )
+    out += [f"log line in a format this tuner does not know: {line!r}" for line in log.unread]
+    names = {m.name for m in model.measured}
+    if "kv_bytes_per_token" not in names:
+        out.append("KV bytes per token from the model catalogue: no readable "
+                   "'KV Cache is allocated' line in the log")
+    if model.shape.hybrid and "mamba_ssm_bytes_per_slot" not in names:
+        out.append("Mamba state per slot from the model catalogue: no readable "
+                   "'Mamba Cache is allocated' line in the log")
+    if "weights_gib" not in names:
+        out.append("weights from the model catalogue: no 'Load weight end' line and no "
+                   "server_info memory_usage")
+    if log.scheduler is None and not log.kv_tokens:
+        out.append("no observed max_total_num_tokens: the memory model is not fitted to "
+                   "this engine")
+    return out
