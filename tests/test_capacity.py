@@ -12,6 +12,7 @@ from workers.capacity import (
     QWEN3_0_6B,
     QWEN36_27B,
     EngineFlags,
+    check_hybrid_flags,
     cli_max_running_requests,
     derived_defaults,
     mamba_breakdown_gib,
@@ -240,3 +241,16 @@ def test_dense_model_caps_and_clips() -> None:
     assert small.max_total_num_tokens == 5000
     assert small.max_req_len == 4999
     assert small.max_running_requests == 2048  # min(estimated=2048, tokens // 2 = 2500)
+
+
+def test_int_flags_take_plain_integers_only_max_total_tokens_is_human_readable() -> None:
+    assert EngineFlags.from_flags({"max-total-tokens": "128Ki"}).max_total_tokens == 131072
+    for flag in ("max-running-requests", "chunked-prefill-size", "context-length"):
+        with pytest.raises(ValueError):
+            EngineFlags.from_flags({flag: "32k"})
+
+
+def test_extra_buffer_without_radix_cache_is_rejected() -> None:
+    flags = EngineFlags(mamba_scheduler_strategy="extra_buffer", disable_radix_cache=True)
+    with pytest.raises(ValueError, match="requires the radix cache"):
+        check_hybrid_flags(flags)

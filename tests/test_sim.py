@@ -285,17 +285,60 @@ def test_metrics_404_without_enable_metrics(start) -> None:
     assert sim.get("/metrics").status_code == 404
 
 
-def test_health_is_503_while_loading(start) -> None:
+def test_connections_are_refused_while_loading(start) -> None:
+    # SGLang starts its HTTP server only once the model and pools are ready.
     sim = start(SMALL_MODEL, {"FLEET_SIM_STARTUP_S": "3"}, ready=False)
-    deadline, codes = time.monotonic() + 60, []
+    deadline, codes, refused = time.monotonic() + 60, [], 0
     while time.monotonic() < deadline and 200 not in codes:
         try:
             codes.append(sim.get("/health").status_code)
-        except httpx.HTTPError:
-            pass
+        except httpx.ConnectError:
+            refused += 1
         time.sleep(0.1)
-    assert 503 in codes and codes[-1] == 200
-    assert "The server is fired up and ready to roll!" in sim.log()
+    assert refused > 0 and codes and set(codes) == {200}
+    log = sim.log()
+    assert log.index("max_total_num_tokens=") < log.index("The server is fired up")
+
+
+def test_length_check_counts_speculative_reserved_tokens(start) -> None:
+    argv, env = profile_argv("qwen36-27b-baseline")  # NEXTN: max(topk*steps, draft) = 4
+    sim = start(argv, {**env, "FLEET_SIM_SPEED": "1000"})
+    context = sim.get("/server_info").json()["context_length"]
+    ids = [1] * (context - 200)
+
+    def status(max_new: int) -> int:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}}
+        return sim.post("/generate", body).status_code
+
+    assert status(196) == 200  # input + 4 reserved + 196 == context: allowed (not >)
+    assert status(197) == 400
+
+
+def test_extra_buffer_without_radix_cache_fails_at_start() -> None:
+    argv = ["--model-path", "Qwen/Qwen3.6-27B", "--mamba-scheduler-strategy", "extra_buffer",
+            "--disable-radix-cache"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "workers.sim", *argv, "--port", str(free_port())],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "requires the radix cache" in res.stdout + res.stderr
+
+
+def test_int_flags_refuse_human_readable_values_where_sglang_does() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for flag, ok in (("--chunked-prefill-size", False), ("--max-total-tokens", True)):
+        argv = [*SMALL_MODEL, flag, "32k", "--port", str(free_port())]
+        proc = subprocess.Popen([sys.executable, "-m", "workers.sim", *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            code = proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            code = None  # still starting: argparse took the value
+        finally:
+            proc.kill()
+            proc.wait()
+        assert (code is None) == ok, flag
+        if not ok:
+            assert code == 2
 
 
 # --- failures -------------------------------------------------------------------------------

@@ -149,6 +149,15 @@ def parse_human_int(value: object) -> int:
     return int(text)
 
 
+def _to_int(value: object) -> int:
+    """Parse an ``int`` flag: a plain integer, as argparse's ``type=int`` (no ``32k``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    return int(str(value).strip())
+
+
 def _to_float(value: object) -> float:
     """Parse a float flag value."""
     if isinstance(value, bool):
@@ -224,25 +233,25 @@ class EngineFlags:
 
 
 _CONVERTERS: dict[str, Callable[[object], object]] = {
-    "context_length": parse_human_int,
+    "context_length": _to_int,
     "mem_fraction_static": _to_float,
-    "max_running_requests": parse_human_int,
-    "max_mamba_cache_size": parse_human_int,
+    "max_running_requests": _to_int,
+    "max_mamba_cache_size": _to_int,
     "mamba_full_memory_ratio": _to_float,
     "mamba_scheduler_strategy": _to_str,
     "disable_radix_cache": _to_bool,
     "disable_overlap_schedule": _to_bool,
     "speculative_algorithm": lambda v: str(v).upper(),
-    "speculative_num_draft_tokens": parse_human_int,
-    "max_total_tokens": parse_human_int,
-    "chunked_prefill_size": parse_human_int,
-    "cuda_graph_max_bs": parse_human_int,
-    "tp_size": parse_human_int,
+    "speculative_num_draft_tokens": _to_int,
+    "max_total_tokens": parse_human_int,  # type=human_readable_int in server_args.py
+    "chunked_prefill_size": _to_int,
+    "cuda_graph_max_bs": _to_int,
+    "tp_size": _to_int,
     "mamba_ssm_dtype": _to_str,
-    "speculative_num_steps": parse_human_int,
-    "speculative_eagle_topk": parse_human_int,
+    "speculative_num_steps": _to_int,
+    "speculative_eagle_topk": _to_int,
     "kv_cache_dtype": _to_str,
-    "max_prefill_tokens": parse_human_int,
+    "max_prefill_tokens": _to_int,
     "enable_spec_v2": _to_bool,
 }
 
@@ -287,10 +296,18 @@ def resolved_mamba_strategy(flags: EngineFlags) -> str:
 
 
 def check_hybrid_flags(flags: EngineFlags) -> None:
-    """Raise the ValueError SGLang raises for speculative decoding + radix + ``no_buffer``.
+    """Raise the ValueErrors ``ServerArgs`` raises for hybrid (Mamba) models.
 
-    The condition is SGLang's (sglang.md §4); the message text is the sim's own wording.
+    Speculative decoding + radix cache + ``no_buffer``, and ``extra_buffer`` without the radix
+    cache (it keeps ping-pong slots for radix-tree tracking; ``server_args.py`` mamba scheduler
+    strategy checks, 0.5.10.post1/0.5.11). The conditions are SGLang's; the messages are the
+    sim's own wording.
     """
+    if flags.mamba_scheduler_strategy == "extra_buffer" and flags.disable_radix_cache:
+        raise ValueError(
+            "--mamba-scheduler-strategy extra_buffer requires the radix cache; it cannot be "
+            "used with --disable-radix-cache."
+        )
     if (
         speculative(flags)
         and not flags.disable_radix_cache

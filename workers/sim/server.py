@@ -94,17 +94,17 @@ def _die_on_failure(task: asyncio.Task[None]) -> None:
     os._exit(1)
 
 
-def build_app(state: SimState, startup_s: float) -> FastPath:
-    """The Starlette app; its lifespan starts the scheduler and the simulated load."""
+def build_app(state: SimState) -> FastPath:
+    """The Starlette app; its lifespan starts the scheduler (the load is over by then)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         engine_task = asyncio.create_task(state.engine.run(), name="sim-scheduler")
         engine_task.add_done_callback(_die_on_failure)
-        start_task = asyncio.create_task(run_startup(state, startup_s, log_prefix(state.args)))
+        state.ready = True
+        log("The server is fired up and ready to roll!", log_prefix(state.args))
         yield
-        for task in (start_task, engine_task):
-            task.cancel()
+        engine_task.cancel()
 
     routes = native_routes(state) + openai_routes(state) + admin_routes(state)
     hot = {
@@ -147,8 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         log(f"{type(exc).__name__}: {exc}")
         return 1
+    asyncio.run(run_startup(state, sim.startup_s, log_prefix(args)))
     config = uvicorn.Config(
-        build_app(state, sim.startup_s),
+        build_app(state),
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.capacity import (
+    EAGLE_FAMILY,
     CapacityPlan,
     EngineFlags,
     ModelShape,
@@ -140,17 +141,31 @@ def _check_sampling(params: dict[str, Any]) -> int | None:
     return max_new
 
 
-def _check_context(input_len: int, max_new: int | None, context_len: int) -> None:
-    """``TokenizerManager._validate_one_request``: the request must fit the context."""
-    if input_len >= context_len:
+def reserved_tokens(flags: EngineFlags) -> int:
+    """``TokenizerManager.num_reserved_tokens``: EAGLE-family speculative decoding stores the
+    draft tokens in the output slots, so ``max(topk * steps, draft_tokens)`` are reserved."""
+    if flags.speculative_algorithm not in EAGLE_FAMILY:
+        return 0
+    steps, topk, drafts = speculative_params(flags)
+    return max(topk * steps, drafts)
+
+
+def _check_context(input_len: int, max_new: int | None, context_len: int, reserved: int) -> None:
+    """``TokenizerManager._validate_one_request``: the request must fit the context.
+
+    The input counts the reserved speculative tokens; the input alone must be shorter than the
+    context, and input plus ``max_new_tokens`` must not exceed it.
+    """
+    counted = input_len + reserved
+    if counted >= context_len:
         raise ValueError(
-            f"The input ({input_len} tokens) is longer than the model's context length "
+            f"The input ({counted} tokens) is longer than the model's context length "
             f"({context_len} tokens)."
         )
-    if max_new is not None and input_len + max_new >= context_len:
+    if max_new is not None and counted + max_new > context_len:
         raise ValueError(
             f"Requested token count exceeds the model's maximum context length of {context_len} "
-            f"tokens. You requested a total of {input_len + max_new} tokens: {input_len} tokens "
+            f"tokens. You requested a total of {counted + max_new} tokens: {counted} tokens "
             f"from the input messages and {max_new} tokens for the completion. Please reduce the "
             "number of tokens in the input messages or the completion to fit within the limit."
         )
@@ -176,7 +191,7 @@ def make_request(
     if state.args.allow_auto_truncate:
         input_len = min(input_len, plan.max_req_input_len)
     else:
-        _check_context(input_len, max_new, plan.context_len)
+        _check_context(input_len, max_new, plan.context_len, reserved_tokens(state.flags))
     clamped = clamp_max_new_tokens(max_new, input_len, plan.max_req_len)
     identity = text if key is None else key
     drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw(identity)
