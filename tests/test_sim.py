@@ -434,3 +434,21 @@ def test_server_cost_per_request_is_small(start) -> None:
     # is exactly that of 1 prefill token plus 3.5 tokens per verify step.
     assert {m["spec_verify_ct"] for m in metas} == {math.ceil(3999 / 3.5)}
     assert per_request < 4e-3
+
+
+def test_shared_prefix_hits_the_radix_cache_unless_it_is_disabled(start) -> None:
+    system = "You are a careful assistant. " * 40  # ~300 tokens shared by every prompt
+    bodies = [{"text": f"{system}question {i}", "sampling_params": {"max_new_tokens": 2}}
+              for i in range(6)]
+    env = {"FLEET_SIM_SPEED": "1000"}
+    for argv, hits in (([*SMALL_MODEL, "--enable-metrics"], True),
+                       ([*SMALL_MODEL, "--enable-metrics", "--disable-radix-cache"], False)):
+        sim = start(argv, env)
+        cached = [sim.post("/generate", b).json()["meta_info"]["cached_tokens"] for b in bodies]
+        assert cached[0] == 0
+        assert (min(cached[1:]) > 0) == hits and (max(cached) == 0) == (not hits)
+        metrics = sim.get("/metrics").text
+        found = re.search(r'^sglang:cached_tokens_total\{[^}]*cache_source="device"[^}]*\} (\S+)$',
+                          metrics, re.M)
+        assert found is not None and float(found.group(1)) == sum(cached)
+        assert re.search(r"#cached-token: [1-9]", sim.log()) if hits else True

@@ -95,20 +95,19 @@ def _as_list(value: Any, count: int) -> list[Any]:
     return [value] * count
 
 
-def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, str]], bool]:
-    """(input length, text, identity) per prompt of a /generate body, and whether it is a batch.
-
-    The identity (the text, or the token ids) seeds the prompt's output length.
+def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, str, Any]], bool]:
+    """(input length, text, identity, token ids) per prompt of a /generate body, and whether it
+    is a batch. The identity (the text, or the token ids) seeds the prompt's output length.
     """
     text, ids = body.get("text"), body.get("input_ids")
     if isinstance(text, str):
-        return [(count_text_tokens(text), text, text)], False
+        return [(count_text_tokens(text), text, text, None)], False
     if isinstance(text, list):
-        return [(count_text_tokens(str(t)), str(t), str(t)) for t in text], True
+        return [(count_text_tokens(str(t)), str(t), str(t), None) for t in text], True
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        return [(len(x), "", str(x)) for x in ids], True
+        return [(len(x), "", str(x), x) for x in ids], True
     if isinstance(ids, list) and ids:
-        return [(len(ids), "", str(ids))], False
+        return [(len(ids), "", str(ids), ids)], False
     raise ValueError("Either text or input_ids should be provided.")
 
 
@@ -123,8 +122,8 @@ def build_generate(state: SimState, body: dict[str, Any]) -> tuple[list[SimReque
     if body.get("stream"):
         raise ValueError("stream=true is not supported by the simulator (workers.sim).")
     return [
-        make_request(state, n, p or {}, text, rid, key)
-        for (n, text, key), p, rid in zip(prompts, params, rids, strict=True)
+        make_request(state, n, p or {}, text, rid, key, ids)
+        for (n, text, key, ids), p, rid in zip(prompts, params, rids, strict=True)
     ], batch
 
 
@@ -160,7 +159,7 @@ def generate_result(state: SimState, req: SimRequest) -> dict[str, Any]:
         "total_retractions": 0,
         "reasoning_tokens": 0,
         "completion_tokens": req.generated,
-        "cached_tokens": 0,
+        "cached_tokens": req.cached_tokens,
         "e2e_latency": req.latency,
         **spec_meta(state, req),
     }

@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from workers.sim.radix import CacheMode, PrefixCache
+
 # Measured on the real run (shared/facts/workload.md): ~2,000 output tok/s per GPU with 16
 # running and ~3,500 tok/s with 40 running, MTP accept length ~3.5. Steps per second are
 # tok/s / (running * 3.5): 35.7/s (28 ms) at 16 and 25/s (40 ms) at 40. The line through both
@@ -33,6 +35,11 @@ NON_SPEC_STEP_SCALE = 3.0 / 3.5
 # Accept rate per draft token: accept length 3.5 with 4 draft tokens (workload.md: acceptance
 # ~0.84) -> (3.5 - 1) / (4 - 1). Other draft counts extrapolate linearly (not measured).
 ACCEPT_RATE = 2.5 / 3.0
+# Prefill speed of the sim: new prompt tokens computed per second at real speed. Not measured
+# (the workload's logs give only SGLang's "input throughput", new tokens per wall time between
+# prefill batches); it is the order of a 27B model's prefill on one B200 (inferred). It makes a
+# cache hit save time, so the radix cache is not free to turn off.
+PREFILL_TOKENS_PER_S = 20_000.0
 # When the sim falls behind its schedule by more than this, it stops trying to catch up.
 MAX_LAG_S = 0.05
 # Upper bound of decode steps run in one pass at very high FLEET_SIM_SPEED.
@@ -60,6 +67,8 @@ class SimRequest:
     input_len: int
     max_new_tokens: int  # after Scheduler.init_req_max_new_tokens' clamp
     drawn_len: int  # where the "model" emits EOS
+    prefix: tuple[int, ...] = ()  # radix-cache keys of the prompt (workers.sim.radix)
+    cached_tokens: int = 0  # prompt tokens found in the radix cache at admission
     internal: bool = False  # health probes: no metrics, no fault markers
     crash: bool = False
     hang: bool = False
@@ -100,6 +109,7 @@ class EngineConfig:
     speed: float
     decode_log_interval: int
     eos_token_id: int
+    cache_mode: CacheMode = CacheMode(enabled=False)
 
 
 @dataclass(frozen=True)
@@ -126,11 +136,11 @@ class Interval:
 class Observer(Protocol):
     """Receives the scheduler's events (logs and metrics)."""
 
-    def on_step(self, decode_tokens: int, prefill_tokens: int) -> None:
-        """Called after every step with the tokens it computed."""
+    def on_step(self, decode_tokens: int, prefill_tokens: int, cached_tokens: int = 0) -> None:
+        """Called after every step with the tokens it computed (and prefill took from cache)."""
 
     def on_prefill(
-        self, new_reqs: int, new_tokens: int, running_before: int, snap: Snapshot
+        self, new_reqs: int, new_tokens: int, cached: int, running_before: int, snap: Snapshot
     ) -> None:
         """Called after each admission round that admitted requests."""
 
@@ -169,6 +179,8 @@ class SimEngine:
         self._interval_req_steps = 0
         self._interval_start = time.monotonic()
         self._steps = 1  # decode steps run by the current pass
+        self._prefill_s = 0.0  # real seconds the last admission round's prefill costs
+        self.cache = PrefixCache(config.cache_mode, config.max_total_num_tokens)
 
     # --- public API -----------------------------------------------------------------------
 
@@ -259,21 +271,31 @@ class SimEngine:
         self._interval_tokens = self._interval_req_steps = 0
 
     def _admit(self) -> None:
-        """One prefill round: admit FCFS while the caps and the prefill budget allow."""
-        new_reqs = new_tokens = 0
+        """One prefill round: admit FCFS while the caps and the prefill budget allow.
+
+        The budget (``--max-prefill-tokens``, ``PrefillAdder.rem_input_tokens``) counts the
+        tokens to compute: a radix-cache hit costs neither budget nor prefill time.
+        """
+        new_reqs = new_tokens = cached = 0
         running_before = len(self.running)
         while self.waiting and self._fits(self.waiting[0]):
             req = self.waiting[0]
-            if new_reqs and new_tokens + req.input_len > self.config.max_prefill_tokens:
+            hit = self.cache.match(req.prefix, req.input_len)
+            if new_reqs and new_tokens + req.input_len - hit > self.config.max_prefill_tokens:
                 break
             self.waiting.popleft()
+            req.cached_tokens = hit
+            self.cache.insert(req.prefix)
             new_reqs += 1
-            new_tokens += req.input_len
+            new_tokens += req.input_len - hit
+            cached += hit
             self._start(req)
         if new_reqs:
             self.running = [r for r in self.running if r.finish_reason is None]
-            self.observer.on_step(0, new_tokens)
-            self.observer.on_prefill(new_reqs, new_tokens, running_before, self.snapshot())
+            self._prefill_s = new_tokens / PREFILL_TOKENS_PER_S / self.config.speed
+            self.observer.on_step(0, new_tokens, cached)
+            snap = self.snapshot()
+            self.observer.on_prefill(new_reqs, new_tokens, cached, running_before, snap)
             self._signal_output()
 
     def _start(self, req: SimRequest) -> None:
@@ -372,7 +394,8 @@ class SimEngine:
 
     async def _pace(self) -> None:
         """Sleep until the next step is due (step time divided by FLEET_SIM_SPEED)."""
-        self._next_at += self._steps * self._step_seconds()
+        self._next_at += self._steps * self._step_seconds() + self._prefill_s
+        self._prefill_s = 0.0
         delay = self._next_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)

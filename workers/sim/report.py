@@ -106,11 +106,19 @@ class SimMetrics:
         )
         self.decode_tokens = realtime.labels(**sched, mode="decode")
         self.prefill_tokens = realtime.labels(**sched, mode="prefill_compute")
+        self.prefill_cached = realtime.labels(**sched, mode="prefill_cache")
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", model_name)
         self.generation_tokens = self._counter(
             "generation_tokens", "Generated tokens (finished).", model_name
         )
         self.num_requests = self._counter("num_requests", "Finished requests.", model_name)
+        # Tokenizer-side, per finished request, by where the hit was found (device: GPU KV).
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens.",
+            ["model_name", "cache_source"],
+            registry=self.registry,
+        ).labels(model_name=model_name, cache_source="device")
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end latency.",
@@ -202,17 +210,19 @@ class Reporter:
             spec_accept_rate=self.interval.accept_rate,
         )
 
-    def on_step(self, decode_tokens: int, prefill_tokens: int) -> None:
-        """Count tokens computed by this step (sglang:realtime_tokens_total)."""
+    def on_step(self, decode_tokens: int, prefill_tokens: int, cached_tokens: int = 0) -> None:
+        """Count tokens computed (or taken from the cache) by this step (realtime_tokens)."""
         if self.metrics is None:
             return
         if decode_tokens:
             self.metrics.decode_tokens.inc(decode_tokens)
         if prefill_tokens:
             self.metrics.prefill_tokens.inc(prefill_tokens)
+        if cached_tokens:
+            self.metrics.prefill_cached.inc(cached_tokens)
 
     def on_prefill(
-        self, new_reqs: int, new_tokens: int, running_before: int, snap: Snapshot
+        self, new_reqs: int, new_tokens: int, cached: int, running_before: int, snap: Snapshot
     ) -> None:
         """Gauges and the ``Prefill batch`` line of one admission round."""
         self._gauges(snap)
@@ -224,7 +234,8 @@ class Reporter:
         usage = usage_part(snap, self.hybrid, decode=False)
         pending = "#pending-token: 0, " if self.pending_token else ""
         log(
-            f"Prefill batch, #new-seq: {new_reqs}, #new-token: {new_tokens}, #cached-token: 0, "
+            f"Prefill batch, #new-seq: {new_reqs}, #new-token: {new_tokens}, "
+            f"#cached-token: {cached}, "
             f"{usage}#running-req: {running_before}, "
             f"#queue-req: {snap.queued}, {pending}cuda graph: False, "
             f"input throughput (token/s): {throughput:.2f}",
@@ -258,6 +269,8 @@ class Reporter:
         self.metrics.prompt_tokens.inc(req.input_len)
         self.metrics.generation_tokens.inc(req.generated)
         self.metrics.num_requests.inc()
+        if req.cached_tokens:
+            self.metrics.cached_tokens.inc(req.cached_tokens)
         self.metrics.e2e.observe(req.latency)
 
     def on_idle(self, snap: Snapshot) -> None:

@@ -17,7 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from config.settings import SimSettings, load_settings
-from workers.capacity import EngineFlags, model_shape, plan_capacity
+from workers.capacity import EngineFlags, model_shape, plan_capacity, resolved_mamba_strategy
 from workers.sglang_versions import traits
 from workers.sim.admin import admin_routes
 from workers.sim.api import generate_handler, native_routes
@@ -25,6 +25,7 @@ from workers.sim.engine import EngineConfig, SimEngine
 from workers.sim.fastpath import FastPath
 from workers.sim.flags import parse_args
 from workers.sim.openai_api import chat_handler, completions_handler, openai_routes
+from workers.sim.radix import CacheMode
 from workers.sim.report import Reporter, SimMetrics, log
 from workers.sim.startup import run_startup
 from workers.sim.state import SimState, resolved_server_args
@@ -69,6 +70,11 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         speed=sim.speed,
         decode_log_interval=max(1, args.decode_log_interval),
         eos_token_id=shape.eos_token_id,
+        cache_mode=CacheMode(
+            enabled=not flags.disable_radix_cache,
+            hybrid_strategy=resolved_mamba_strategy(flags) if shape.hybrid else None,
+            track_interval=args.mamba_track_interval,
+        ),
     )
     return SimState(
         args=args,

@@ -29,6 +29,7 @@ from workers.capacity import (
 )
 from workers.sglang_versions import DEFAULT_VERSION
 from workers.sim.engine import SimEngine, SimRequest, clamp_max_new_tokens
+from workers.sim.radix import prefix_keys
 from workers.sim.report import Reporter, SimMetrics
 from workers.sim.textgen import OutputLengths
 
@@ -178,6 +179,7 @@ def make_request(
     text: str = "",
     rid: str | None = None,
     key: str | None = None,
+    ids: list[int] | None = None,
 ) -> SimRequest:
     """Validate one prompt and build its SimRequest (raises ValueError -> HTTP 400).
 
@@ -200,6 +202,7 @@ def make_request(
         input_len=input_len,
         max_new_tokens=clamped,
         drawn_len=drawn,
+        prefix=prefix_keys(text, ids),
         crash=CRASH_MARKER in text,
         hang=HANG_MARKER in text,
     )
