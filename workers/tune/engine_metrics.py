@@ -42,23 +42,47 @@ class MetricSet:
         return f"{self.spelling.get(name, 'sglang:')}{name}"
 
     def values(self, name: str, **labels: str) -> list[float]:
-        """Values of ``name`` whose labels include ``labels``; NaN samples are skipped."""
-        out = []
+        """One value per scheduler (DP rank) of ``name`` whose labels include ``labels``.
+
+        Samples a scheduler repeats are counted once: with
+        ``--enable-metrics-for-all-schedulers`` every TP/PP rank exports the same scheduler
+        gauges (rank 0's are kept), and a figure exported both as a whole and split by
+        ``priority`` is taken whole (the split ones are summed only when no whole one exists).
+        NaN samples are skipped.
+        """
+        groups: dict[str, list[Sample]] = {}
         for sample in self.samples.get(name, []):
+            if math.isnan(sample.value):
+                continue
             if all(sample.labels.get(k) == v for k, v in labels.items()):
-                if not math.isnan(sample.value):
-                    out.append(sample.value)
-        return out
+                groups.setdefault(sample.labels.get("dp_rank", "0"), []).append(sample)
+        return [_scheduler_value(group) for _, group in sorted(groups.items())]
 
     def total(self, name: str, **labels: str) -> float | None:
-        """Sum over matching samples (e.g. over DP ranks), or None if there are none."""
+        """Sum over schedulers (e.g. over DP ranks), or None if there are none."""
         found = self.values(name, **labels)
         return sum(found) if found else None
 
     def mean(self, name: str, **labels: str) -> float | None:
-        """Mean over matching samples (for ratios such as usage), or None."""
+        """Mean over schedulers (for ratios such as usage), or None."""
         found = self.values(name, **labels)
         return sum(found) / len(found) if found else None
+
+
+def _rank(sample: Sample) -> tuple[int, int]:
+    def number(key: str) -> int:
+        text = sample.labels.get(key, "0")
+        return int(text) if text.isdigit() else 0
+
+    return number("tp_rank"), number("pp_rank")
+
+
+def _scheduler_value(group: list[Sample]) -> float:
+    """One scheduler's value from its samples (lowest TP/PP rank; whole before priorities)."""
+    first = min(_rank(s) for s in group)
+    group = [s for s in group if _rank(s) == first]
+    whole = [s for s in group if "priority" not in s.labels]
+    return sum(s.value for s in (whole or group))
 
 
 def _bare(name: str) -> tuple[str, str] | None:

@@ -204,9 +204,16 @@ def _kv(s: _Sections) -> dict[str, list[Candidate]]:
 
 
 def _cache_hit_rate(s: _Sections) -> Candidate:
-    cached = s.metrics.total("cached_tokens_total", cache_source="total")
-    if cached is None:
-        cached = s.metrics.total("cached_tokens_total")
+    # SGLang counts hits per source (device, host, storage_*); a "total" sample, where one is
+    # exported, is one more source label, not a sum to add to them.
+    per_source = [
+        sample.value
+        for sample in s.metrics.samples.get("cached_tokens_total", [])
+        if sample.labels.get("cache_source", "") != "total"
+    ]
+    cached = sum(per_source) if per_source else s.metrics.total(
+        "cached_tokens_total", cache_source="total"
+    )
     prompt = s.metrics.total("prompt_tokens_total")
     if cached is not None and prompt:
         name = s.metrics.source("cached_tokens_total")
