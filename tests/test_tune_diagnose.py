@@ -192,3 +192,18 @@ def test_cli_json_contract_and_exit_code_2_on_missing_evidence(tmp_path):
     )
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_metrics_alone_name_the_running_cap_and_list_what_would_sharpen_it():
+    # A pasted /metrics: no NVML, no log, no /server_info, no profile.
+    d = _diagnose("metrics_only")
+    assert d["binding_constraint"] == "running_cap"
+    assert d["recommendation"]["flags"] == {}
+    assert "memory-fitting recommendation" in d["recommendation"]["reasons"][0]
+    missing = " ".join(d["missing_evidence"])
+    assert "GPU memory" in missing and "log" in missing and "/server_info" in missing
+    ev = _evidence(d)
+    assert ev["queued"][0] > 0 and ev["kv_usage"][0] < 0.1
+    # With the GPU's memory given, the same metrics get the full diagnosis (memory arithmetic).
+    snap = snapshot.load(SNAPSHOTS / "metrics_only")
+    assert "missing_evidence" not in diagnose(snap, gpu_memory_mib=183_359).to_json()

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.capacity import SPECULATIVE_DEFAULT_MAX_RUNNING
+from workers.tune.partial import PartialDiagnosis, diagnose_partial
 from workers.tune.recommend import Recommendation, recommend
 from workers.tune.situation import (
     EngineView,
+    MemoryUnknown,
     effective_cap,
     is_speculative,
     view_from_snapshot,
@@ -135,9 +137,16 @@ def classify(view: EngineView, cap: int) -> Verdict:
 
 def diagnose(
     snapshot: Mapping[str, Any], gpu_memory_mib: int | None = None, headroom: float = 1.25
-) -> Diagnosis:
-    """Diagnose one engine from its snapshot; raises InsufficientEvidence when it cannot."""
-    view = view_from_snapshot(snapshot, gpu_memory_mib)
+) -> Diagnosis | PartialDiagnosis:
+    """Diagnose one engine from its snapshot; raises InsufficientEvidence when it cannot.
+
+    Without the GPU's memory (a pasted /metrics, say), the constraint the figures show is still
+    named, with no flag change and a list of the evidence that would allow one.
+    """
+    try:
+        view = view_from_snapshot(snapshot, gpu_memory_mib)
+    except MemoryUnknown as exc:
+        return diagnose_partial(snapshot, str(exc))
     cap = effective_cap(view)
     verdict = classify(view, cap)
     verdict, rec = recommend(view, verdict, headroom)

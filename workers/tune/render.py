@@ -40,6 +40,10 @@ def diagnosis_text(d: dict[str, Any]) -> str:
     if unread:
         lines.append("could not read (estimated instead):")
         lines += [f"  - {u}" for u in unread]
+    missing = d.get("missing_evidence") or []
+    if missing:
+        lines.append("further evidence that would sharpen this:")
+        lines += [f"  - {m}" for m in missing]
     rec = d["recommendation"]
     lines.append(f"recommendation ({rec.get('chosen') or 'no flag change'}):")
     lines += _flag_lines(rec["flags"])

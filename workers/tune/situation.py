@@ -34,6 +34,10 @@ class InsufficientEvidence(ValueError):
     """The snapshot lacks the readings needed to name a binding constraint."""
 
 
+class MemoryUnknown(InsufficientEvidence):
+    """The GPU's memory is unknown: the constraint can be named, no memory arithmetic done."""
+
+
 @dataclass
 class EngineView:
     """One engine as the tuner understands it."""
@@ -73,7 +77,7 @@ def _gpu_memory_mib(readings: Readings, override: int | None) -> int:
     before = readings.log.weights_begin_avail_gib
     if before:
         return math.ceil(before * 1024)
-    raise InsufficientEvidence("GPU memory unknown (no NVML section): pass --gpu-memory-mib")
+    raise MemoryUnknown("GPU memory unknown (no NVML section): pass --gpu-memory-mib")
 
 
 def _points(readings: Readings) -> list[tuple[float, float]]:
