@@ -62,7 +62,8 @@ def test_baseline_recommendation_raises_the_cap_without_a_lossy_lever():
     assert predicted["kv_tokens"] >= n * 8192  # every running request can reach the context
     assert predicted["memory_gb"]["free"] == 0.0  # nothing stranded once the cap is explicit
     memory = predicted["memory_gb"]
-    parts = ("weights", "mamba", "mamba_intermediate", "kv", "reserved", "free")
+    parts = ("weights", "mamba", "mamba_intermediate", "kv", "unexplained", "draft", "reserved",
+             "free")
     assert sum(memory[k] for k in parts) == pytest.approx(memory["total"], abs=0.05)
     options = {o["name"]: o for o in rec["options"]}
     keep = options["more_slots"]["predicted"]

@@ -220,6 +220,10 @@ def calibrate(
     shape = _calibrate_mamba(model.shape, log, engine_flags, measured)
     shape = _calibrate_kv(shape, log, engine_flags, measured)
     shape = _calibrate_weights(shape, log, info, measured)
+    if log.scheduler is not None or log.kv_tokens:
+        # This engine's own pools are observed: its unexplained memory is measured below
+        # (unattributed_gib), not the catalogue's figure from another run.
+        shape = dataclasses.replace(shape, unexplained_gib=0.0)
     model.shape, model.measured = shape, measured
     fraction = info.get("mem_fraction_static")
     if fraction is not None:
