@@ -452,3 +452,18 @@ def test_shared_prefix_hits_the_radix_cache_unless_it_is_disabled(start) -> None
                           metrics, re.M)
         assert found is not None and float(found.group(1)) == sum(cached)
         assert re.search(r"#cached-token: [1-9]", sim.log()) if hits else True
+
+
+def test_admission_is_optimistic_and_a_full_pool_retracts(start) -> None:
+    # 8 requests of ~100 + 1000 tokens on a 3000-token pool: budgeting every output in full
+    # would run 2 at a time; SGLang budgets output x new_token_ratio and retracts when short.
+    sim = start([*SMALL_MODEL, "--max-total-tokens", "3000"], {"FLEET_SIM_SPEED": "200"})
+    params = {"max_new_tokens": 1000, "ignore_eos": True}
+    bodies = [{"text": f"{i:03d} " + "x" * 396, "sampling_params": params} for i in range(8)]
+    done = asyncio.run(_post_many(f"{sim.url}/generate", bodies))
+    metas = [r.json()["meta_info"] for r in done]
+    assert all(m["completion_tokens"] == 1000 for m in metas)
+    assert max(m["total_retractions"] for m in metas) > 0
+    log = sim.log()
+    # Only a batch admitted beyond what the pool holds at full length can run short.
+    assert "KV cache pool is full. Retract requests. #retracted_reqs: " in log

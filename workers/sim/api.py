@@ -156,7 +156,7 @@ def generate_result(state: SimState, req: SimRequest) -> dict[str, Any]:
         "finish_reason": req.finish_reason,
         "prompt_tokens": req.input_len,
         "weight_version": "default",
-        "total_retractions": 0,
+        "total_retractions": req.retractions,
         "reasoning_tokens": 0,
         "completion_tokens": req.generated,
         "cached_tokens": req.cached_tokens,

@@ -1,9 +1,12 @@
 """The simulated scheduler: one asyncio task, FCFS, continuous batching under SGLang's caps.
 
 Caps come from :mod:`workers.capacity` (SGLang's arithmetic): at most ``max_running_requests``
-requests decode at once and the KV pool (``max_total_num_tokens``) must hold every admitted
-request's prompt plus its whole output budget (the sim never retracts, so it only admits what is
-guaranteed to fit). A prefill round also stops at ``--max-prefill-tokens`` of new input, like
+requests decode at once, and admission is SGLang's optimistic one (``PrefillAdder``): a request
+is admitted when its prefill plus its remaining output budget times ``new_token_ratio`` fits the
+KV pool next to what the running requests hold and are budgeted for. The ratio decays every
+decode step; when a decode step would not fit, requests are retracted (``retract_decode``:
+fewest output tokens first, then longest prompt), go back to the queue, and the ratio is
+re-estimated. A prefill round also stops at ``--max-prefill-tokens`` of new input, like
 ``PrefillAdder``. Step times come from the measured workload (see :func:`step_ms`).
 
 Cost per step is O(running): each running request gains the accept length as a float, and no
@@ -20,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from workers.capacity import NewTokenRatio, admission_tokens
 from workers.sim.radix import CacheMode, PrefixCache
 
 # Measured on the real run (shared/facts/workload.md): ~2,000 output tok/s per GPU with 16
@@ -81,14 +85,20 @@ class SimRequest:
     finish_reason: dict[str, Any] | None = None
     finished_at: float = 0.0
     admitted: bool = False
+    retractions: int = 0
 
     def __post_init__(self) -> None:
         self.stop_at = min(self.drawn_len, self.max_new_tokens)
 
     @property
-    def reserve(self) -> int:
-        """KV tokens held while running: prompt plus the whole output budget."""
-        return self.input_len + self.max_new_tokens
+    def held(self) -> int:
+        """KV tokens held while running: the prompt and the tokens generated so far."""
+        return self.input_len + self.generated
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens left in the request's budget."""
+        return max(0, self.max_new_tokens - self.generated)
 
     @property
     def latency(self) -> float:
@@ -110,6 +120,7 @@ class EngineConfig:
     decode_log_interval: int
     eos_token_id: int
     cache_mode: CacheMode = CacheMode(enabled=False)
+    schedule_conservativeness: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +167,9 @@ class Observer(Protocol):
     def on_crash(self, req: SimRequest) -> None:
         """Called right before a ``__SIM_CRASH__`` request kills the process."""
 
+    def on_retract(self, count: int, old_ratio: float, new_ratio: float) -> None:
+        """Called when a decode step retracted ``count`` requests."""
+
 
 class SimEngine:
     """FCFS continuous-batching scheduler of the simulator."""
@@ -166,7 +180,8 @@ class SimEngine:
         self.accept_len = accept_length(config.draft_tokens)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.reserved_tokens = 0
+        self.kv_used = 0  # KV tokens the running requests hold
+        self.ratio = NewTokenRatio.from_conservativeness(config.schedule_conservativeness)
         self.active = 0  # running requests that make progress (not hung)
         self.decode_steps = 0
         self.last_gen_throughput = 0.0
@@ -251,13 +266,18 @@ class SimEngine:
 
     def _has_work(self) -> bool:
         """Whether a step would make progress."""
-        return self.active > 0 or (bool(self.waiting) and self._fits(self.waiting[0]))
+        return self.active > 0 or (bool(self.waiting) and self._fits(self.waiting[0], 0.0))
 
-    def _fits(self, req: SimRequest) -> bool:
-        """Whether ``req`` can be admitted now (running cap and KV pool)."""
+    def _budgeted(self) -> float:
+        """Output tokens the running requests are budgeted for (remaining x ratio)."""
+        return sum(admission_tokens(0, r.remaining, self.ratio.value) for r in self.running)
+
+    def _fits(self, req: SimRequest, budgeted: float) -> bool:
+        """Whether ``req`` can be admitted now (running cap and ``PrefillAdder``'s KV rule)."""
         if len(self.running) >= self.config.max_running_requests:
             return False
-        return self.reserved_tokens + req.reserve <= self.config.max_total_num_tokens
+        need = admission_tokens(req.held, req.remaining, self.ratio.value)
+        return self.kv_used + budgeted + need <= self.config.max_total_num_tokens
 
     async def _sleep_until_work(self) -> None:
         """Block on the wake event (new request or abort) instead of polling."""
@@ -278,16 +298,19 @@ class SimEngine:
         """
         new_reqs = new_tokens = cached = 0
         running_before = len(self.running)
-        while self.waiting and self._fits(self.waiting[0]):
+        budgeted = self._budgeted()
+        while self.waiting and self._fits(self.waiting[0], budgeted):
             req = self.waiting[0]
             hit = self.cache.match(req.prefix, req.input_len)
-            if new_reqs and new_tokens + req.input_len - hit > self.config.max_prefill_tokens:
+            compute = req.held - hit  # a retracted request recomputes its output so far
+            if new_reqs and new_tokens + compute > self.config.max_prefill_tokens:
                 break
+            budgeted += admission_tokens(0, req.remaining, self.ratio.value)
             self.waiting.popleft()
             req.cached_tokens = hit
             self.cache.insert(req.prefix)
             new_reqs += 1
-            new_tokens += req.input_len - hit
+            new_tokens += compute
             cached += hit
             self._start(req)
         if new_reqs:
@@ -305,12 +328,13 @@ class SimEngine:
             os._exit(1)  # sim fault injection: a poison prompt kills the engine
         self.running.append(req)
         req.admitted = True
-        self.reserved_tokens += req.reserve
         if req.hang:
+            self.kv_used += req.held
             return  # sim fault injection: admitted, holds its slot, never advances
         self.active += 1
-        req.progress = 1.0
-        req.generated = min(1, req.stop_at)
+        req.progress = max(req.progress, 1.0)
+        req.generated = max(req.generated, min(1, req.stop_at))
+        self.kv_used += req.held
         if req.generated >= req.stop_at:
             self._complete(req)
 
@@ -345,6 +369,7 @@ class SimEngine:
             self._steps = 1
             return
         steps = self._steps = self._steps_now()
+        self._make_room(steps)
         gain = self.accept_len * steps
         produced = req_steps = 0
         done = False
@@ -354,6 +379,7 @@ class SimEngine:
             req.progress += gain
             new = min(int(req.progress), req.stop_at)
             produced += new - req.generated
+            self.kv_used += new - req.generated
             req.generated = new
             req.verify_ct += steps
             req_steps += steps
@@ -363,6 +389,39 @@ class SimEngine:
         self._account(produced, req_steps, steps)  # logs see the batch that ran, as SGLang's
         if done:
             self.running = [r for r in self.running if r.finish_reason is None]
+
+    def _make_room(self, steps: int) -> None:
+        """``Scheduler.update_running_batch``: retract requests when the next decode steps'
+        tokens do not fit the KV pool (``ScheduleBatch.retract_decode``), else decay the ratio.
+
+        Each running request takes what the steps produce plus ``max(draft tokens, 1)`` slots.
+        """
+        per_req = math.ceil(self.accept_len * steps) + max(self.config.draft_tokens, 1)
+        limit = self.config.max_total_num_tokens
+        if self.kv_used + self.active * per_req <= limit or self.active <= 1:
+            self.ratio.decode_steps(steps)
+            return
+        victims = sorted((r for r in self.running if not r.hang),
+                         key=lambda r: (r.generated, -r.input_len), reverse=True)
+        retracted: list[SimRequest] = []
+        while victims and len(victims) > 1 and self.kv_used + self.active * per_req > limit:
+            req = victims.pop()
+            self._retract(req)
+            retracted.append(req)
+        old = self.ratio.value
+        decoded = sum(r.generated for r in self.running)
+        budget = sum(r.max_new_tokens for r in self.running)
+        self.ratio.after_retract(decoded, budget, len(self.running))
+        self.waiting.extendleft(reversed(retracted))
+        self.observer.on_retract(len(retracted), old, self.ratio.value)
+
+    def _retract(self, req: SimRequest) -> None:
+        """Free ``req``'s KV and take it out of the batch; it keeps its output so far."""
+        self.running.remove(req)
+        self.kv_used -= req.held
+        self.active -= 1
+        req.admitted = False
+        req.retractions += 1
 
     def _account(self, produced: int, req_steps: int, steps: int) -> None:
         """Update counters after decode steps; report every ``decode_log_interval`` steps."""
@@ -419,7 +478,7 @@ class SimEngine:
         if req.finish_reason is not None:
             return
         if req.admitted:
-            self.reserved_tokens -= req.reserve
+            self.kv_used -= req.held
             if not req.hang:
                 self.active -= 1
         req.finish_reason = reason

@@ -107,6 +107,12 @@ class SimMetrics:
         self.decode_tokens = realtime.labels(**sched, mode="decode")
         self.prefill_tokens = realtime.labels(**sched, mode="prefill_compute")
         self.prefill_cached = realtime.labels(**sched, mode="prefill_cache")
+        self.retracted = Counter(
+            "sglang:num_retracted_requests",
+            "Requests retracted from the running batch.",
+            names,
+            registry=self.registry,
+        ).labels(**sched)
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", model_name)
         self.generation_tokens = self._counter(
             "generation_tokens", "Generated tokens (finished).", model_name
@@ -277,6 +283,16 @@ class Reporter:
         """Idle gauges (SGLang rewrites them every 30 s with gen_throughput=0; the sim at once)."""
         self.interval = Interval(0.0, 0.0, 0.0)
         self._gauges(snap, force=True)
+
+    def on_retract(self, count: int, old_ratio: float, new_ratio: float) -> None:
+        """The scheduler's retraction line (``Scheduler.update_running_batch``)."""
+        if self.metrics is not None:
+            self.metrics.retracted.inc(count)
+        log(
+            f"KV cache pool is full. Retract requests. #retracted_reqs: {count}, "
+            f"#new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}",
+            self.prefix,
+        )
 
     def on_crash(self, req: SimRequest) -> None:
         """The line printed before the fault-injected crash."""

@@ -75,6 +75,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
             hybrid_strategy=resolved_mamba_strategy(flags) if shape.hybrid else None,
             track_interval=args.mamba_track_interval,
         ),
+        schedule_conservativeness=args.schedule_conservativeness,
     )
     return SimState(
         args=args,

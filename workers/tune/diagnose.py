@@ -46,6 +46,7 @@ BASE_EVIDENCE = (
     "kv_usage",
     "kv_used_tokens",
     "kv_tokens",
+    "kv_need_per_request",
     "mamba_usage",
     "mamba_slots",
     "mamba_ratio",
