@@ -49,9 +49,20 @@ class Situation:
     context_len: int
     kv_tokens_per_request: float
     cache_hit_rate: float | None
+    prefill_share: float | None  # prefill's share of the tokens processed (None: unknown)
     fraction: float  # resolved mem_fraction_static of the running engine
     extra_fraction: float  # what NVML says could be added to it
     throughput: ThroughputModel
+
+    def no_radix_cost(self) -> float:
+        """Share of throughput lost by recomputing the prompt tokens the radix cache serves.
+
+        Prefill's share of the processed tokens times the hit rate: per token prefill is cheaper
+        than decode, so this overstates the cost (it never makes the lever look better).
+        """
+        if not self.cache_hit_rate:
+            return 0.0
+        return self.cache_hit_rate * (1.0 if self.prefill_share is None else self.prefill_share)
 
     def raised_fraction(self) -> dict[str, Any]:
         """The mem-fraction-static change using the free memory, or {} if there is none."""
@@ -161,6 +172,8 @@ def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
         if pred is not None:
             changes = flag_changes(sit.flags, _sized(model, flags, pred.cap))
         tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0
+        if name.startswith("no_radix"):
+            tok_s *= 1.0 - sit.no_radix_cost()
         note = blocked or ("does not fit" if pred is None else "")
         options.append(Option(name, changes, pred, tok_s, lossy, not blocked, note))
     return options

@@ -230,6 +230,18 @@ def _realtime_hit_rate(s: _Sections) -> Candidate:
     return round(cached / (cached + computed), 4), f"metrics {name} prefill_cache / prefill"
 
 
+def _prefill_share(s: _Sections) -> Candidate:
+    """Prefill's share of the tokens the engine processed (realtime_tokens_total by mode)."""
+    decode = s.metrics.total("realtime_tokens_total", mode="decode")
+    computed = s.metrics.total("realtime_tokens_total", mode="prefill_compute") or 0.0
+    cached = s.metrics.total("realtime_tokens_total", mode="prefill_cache") or 0.0
+    if not decode:
+        return None, ""
+    name = s.metrics.source("realtime_tokens_total")
+    share = (computed + cached) / (computed + cached + decode)
+    return round(share, 4), f"metrics {name} prefill / (prefill + decode)"
+
+
 def _speed(s: _Sections) -> dict[str, list[Candidate]]:
     return {
         "gen_throughput": [
@@ -241,6 +253,7 @@ def _speed(s: _Sections) -> dict[str, list[Candidate]]:
             _m(s, "spec_accept_length", "mean"),
             (_log_last(s.log, "accept len"), "log Decode batch accept len"),
         ],
+        "prefill_share": [_prefill_share(s)],
         "cache_hit_rate": [
             # Not loads[].cache_hit_rate: it is the last prefill batch's, reset at every
             # decode log, so it cannot say whether prompts share prefixes (sglang.md §2).

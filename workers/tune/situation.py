@@ -204,6 +204,7 @@ def situation(view: EngineView) -> Situation:
         context_len=context_len,
         kv_tokens_per_request=need.value,
         cache_hit_rate=view.readings.get("cache_hit_rate"),
+        prefill_share=view.readings.get("prefill_share"),
         fraction=fraction,
         extra_fraction=extra_fraction(view),
         throughput=view.throughput,
