@@ -64,7 +64,7 @@ def test_baseline_recommendation_raises_the_cap_without_a_lossy_lever():
     # requests hold on average (measured), not every request at the context length.
     need = _evidence(d)["kv_need_per_request"]
     assert "kv_used_tokens / running" in need[1]
-    assert n * need[0] <= predicted["kv_tokens"] < n * 8192
+    assert n * need[0] * 1.2 <= predicted["kv_tokens"] < n * 8192
     assert predicted["memory_gb"]["free"] == 0.0  # nothing stranded once the cap is explicit
     memory = predicted["memory_gb"]
     parts = ("weights", "mamba", "mamba_intermediate", "kv", "unexplained", "draft", "reserved",
@@ -98,13 +98,13 @@ def test_only_a_log_still_names_the_mamba_cap():
     assert ev["effective_cap"] == (16, "log scheduler max_running_requests=")
     # Without cache counters the radix cache stays (R = 5): lossless, 54 running fit (the pool
     # holds what running requests hold now, as SGLang's optimistic admission keeps it); bf16
-    # SSM state fits 103, which clears the 20 % bar for a lossy lever, so diagnose names it.
+    # SSM state fits 101, which clears the 20 % bar for a lossy lever, so diagnose names it.
     rec = d["recommendation"]
     options = {o["name"]: o for o in rec["options"]}
     assert options["more_slots"]["predicted"]["max_running_requests"] == 54
     assert not options["no_radix"]["eligible"]
     assert rec["chosen"] == "more_slots+bf16_ssm"
-    assert rec["predicted"]["max_running_requests"] == 103
+    assert rec["predicted"]["max_running_requests"] == 101
     assert any("chosen although lossy" in r for r in rec["reasons"])
 
 

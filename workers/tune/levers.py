@@ -26,6 +26,10 @@ from workers.tune.flags import FlagMap, apply_changes, flag_changes
 from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction
 from workers.tune.throughput import ThroughputModel
 
+# The KV pool is sized this much above what running requests hold on average: SGLang admits
+# on new_token_ratio and retracts when short, and each retraction recomputes that request's
+# prefill, so a pool sized at the bare average would retract whenever requests run long.
+KV_STEADY_MARGIN = 1.2
 # Prompts sharing less than this share of their tokens gain nothing from the radix cache.
 NO_RADIX_MAX_HIT_RATE = 0.1
 # A lossy lever (bf16 SSM state, FP8 KV) must beat the best lossless one by this much.
@@ -118,7 +122,8 @@ def _fits(model: MemoryModel, flags: FlagMap, running: int, sit: Situation) -> P
         pred = model.predict(_sized(model, flags, running))
     except DoesNotFit:
         return None
-    enough_kv = pred.plan.max_total_num_tokens >= running * sit.kv_tokens_per_request
+    need = running * sit.kv_tokens_per_request * KV_STEADY_MARGIN
+    enough_kv = pred.plan.max_total_num_tokens >= need
     return pred if enough_kv and pred.cap == running else None
 
 
