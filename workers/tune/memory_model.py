@@ -13,7 +13,7 @@ live engine reports, so a prediction for a candidate flag set starts from measur
 - ``mem_fraction_static``: the resolved value in ``/server_info``; it is the default for
   candidates that do not set the flag, because the engine will resolve it the same way.
 - Whatever is left unexplained (the CUDA context, free memory measured before the weights
-  rather than the whole GPU) is folded into the weights as an offset chosen so that the model
+  rather than the whole GPU) is booked as ``unexplained`` memory, chosen so that the model
   reproduces the engine's own ``max_total_num_tokens`` for its current flags.
 """
 
@@ -186,7 +186,8 @@ def _calibrate_weights(
 
 
 def _fit_offset(model: MemoryModel, flags: Mapping[str, Any], kv_tokens: int | None) -> None:
-    """Fold the unexplained memory into the weights so current flags give the observed KV."""
+    """Book the memory the arithmetic does not explain as such, so the current flags give the
+    engine's observed KV tokens."""
     if not kv_tokens:
         return
     try:
@@ -196,7 +197,8 @@ def _fit_offset(model: MemoryModel, flags: Mapping[str, Any], kv_tokens: int | N
     engine_flags = model.engine_flags(flags)
     offset = (predicted - kv_tokens) * capacity.kv_cell_bytes(model.shape, engine_flags) / GIB
     offset *= engine_flags.tp_size
-    model.shape = dataclasses.replace(model.shape, weights_gib=model.shape.weights_gib + offset)
+    unexplained = model.shape.unexplained_gib + offset
+    model.shape = dataclasses.replace(model.shape, unexplained_gib=unexplained)
     model.measured.append(
         Reading("unattributed_gib", round(offset, 3), "fit to the engine's max_total_num_tokens")
     )
