@@ -57,3 +57,17 @@ def test_500_from_a_healthy_engine_fails_the_prompt_after_a_few_tries(
     assert len(failed) == 1 and "gave up after 3 attempts" in failed[0]["error"]
     assert "HTTP 500" in failed[0]["error"]
     assert "restart" not in worker.log_path.read_text().lower()
+
+
+def test_openai_batch_bodies_with_seed_user_logprobs_run_to_ok(
+        fleet_env, make_workers, tmp_path: Path, r: redis.Redis) -> None:
+    make_workers([0], FLEET_SIM_SPEED="50")
+    rows = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}],
+                      "max_tokens": 8, "seed": i, "user": "u1", "logprobs": False}}
+            for i in range(4)]
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in rows))
+    assert run_producer(fleet_env, "enqueue", str(path), "--job", "oai").returncode == 0
+    st = wait_done(fleet_env, "oai", timeout_s=120)
+    assert (st["completed"], st["failed"]) == (4, 0)
