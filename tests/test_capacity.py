@@ -1,4 +1,4 @@
-"""Tests of workers.capacity against the observed run (shared/facts/workload.md, sglang.md §4)."""
+"""Tests of workers.capacity against the observed run (0.5.11, Qwen3.6-27B + MTP, B200s)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The memory model against the workload's numbers (shared/facts/workload.md)."""
+"""The memory model against the workload's numbers (SGLang 0.5.11, Qwen3.6-27B + MTP on B200s)."""
 
 from __future__ import annotations
 

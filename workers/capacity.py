@@ -1,11 +1,12 @@
 """SGLang 0.5.10/0.5.11 memory-pool and running-cap arithmetic, as pure functions.
 
-Everything here mirrors code read in the SGLang wheels (see shared/facts/sglang.md §3.1 and §4);
+Everything here mirrors code read in the SGLang wheels (``srt/server_args.py``,
+``srt/model_executor/model_runner_kv_cache_mixin.py``);
 each function names the SGLang function it follows. What is *read from source* is the arithmetic
 (the reserve formula, the speculative reservation, the Mamba slot rule, ``_resolve_max_num_reqs``).
 What is *calibrated* is the model catalogue below: the per-slot Mamba bytes, the KV bytes per
 token, the weight sizes and the VLM memory factor of Qwen3.6-27B are fitted to the run observed
-on B200s (shared/facts/workload.md), and the derivation is written next to each number.
+on B200s (SGLang 0.5.11, Qwen3.6-27B + MTP), and the derivation is written next to each number.
 
 Simplifications (stated, not hidden): the free memory before weight load is taken as the whole
 GPU (SGLang measures it after the CUDA context exists, a few hundred MiB less); page size is 1;
@@ -24,7 +25,7 @@ MIB_PER_GIB = 1024
 # Default running cap with speculative decoding (server_args.py::_handle_speculative_decoding).
 SPECULATIVE_DEFAULT_MAX_RUNNING = 48
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
-# Algorithms that always turn the overlap scheduler off (sglang.md §3, --disable-overlap-schedule).
+# Algorithms that always turn the overlap scheduler off (server_args.py).
 NO_OVERLAP_ALGORITHMS = frozenset({"NGRAM", "DFLASH"})
 # Extra reserve in MiB per speculative algorithm (server_args.py::_handle_gpu_memory_settings).
 SPECULATIVE_RESERVE_MIB = {"EAGLE": 4096, "EAGLE3": 4096, "NEXTN": 4096, "STANDALONE": 6144}
@@ -74,7 +75,7 @@ def vlm_mem_factor(vision: tuple[int, int] | None) -> float:
     return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
-# --- Qwen3.6-27B, calibrated to workload.md ------------------------------------------------
+# --- Qwen3.6-27B, calibrated to the observed run ------------------------------------------
 # SSM state: 48 GDN layers x 48 value heads x 128 x 128 x fp32 = 150,994,944 B = 144 MiB/slot.
 #   Check: MambaPool holds slots+1 states -> 81 x 144 MiB = 11.39 GiB (observed 11.39 GB at 80
 #   slots) and 201 x 144 MiB = 28.27 GiB (observed 28.27 GB at 200 slots).
@@ -230,7 +231,7 @@ class EngineFlags:
     speculative_eagle_topk: int | None = None
     kv_cache_dtype: str = "auto"
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
-    # SGLANG_ENABLE_SPEC_V2: True by default in 0.5.11, False in 0.5.10.post1 (sglang.md §0.3).
+    # SGLANG_ENABLE_SPEC_V2: True by default in 0.5.11, False in 0.5.10.post1 (srt/environ.py).
     enable_spec_v2: bool = True
 
     @classmethod
@@ -495,7 +496,7 @@ class CapacityPlan:
     cuda_graph_max_bs: int
     # keys: total, weights, mamba, mamba_intermediate, kv, reserved, free (they sum to total).
     # "free" is pool memory nothing allocates: mostly the speculative reservation made for the
-    # pre-cap max_running_requests but allocated only for the final cap (sglang.md §4).
+    # pre-cap max_running_requests but allocated only for the final cap (handle_max_mamba_cache).
     memory_gib: dict[str, float]
     max_req_input_len: int = 0
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS

@@ -102,7 +102,7 @@ def parse_chat(data: dict[str, Any], latency_s: float) -> Completion:
 
 
 def effective_cap(loads: dict[str, Any] | None, server_info: dict[str, Any] | None) -> int | None:
-    """The running cap the scheduler applies, not the CLI value (design-notes §6).
+    """The running cap the scheduler applies, not the CLI value (``Scheduler.get_internal_state``).
 
     Order: ``/v1/loads`` ``loads[*].max_running_requests`` (summed over DP ranks), then
     ``/server_info`` ``internal_states[*].effective_max_running_requests_per_dp``.

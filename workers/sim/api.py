@@ -1,4 +1,4 @@
-"""SGLang's native HTTP API on top of the simulated scheduler (shapes as in sglang.md §1)."""
+"""SGLang's native HTTP API on the simulated scheduler (``srt/entrypoints/http_server.py``)."""
 
 from __future__ import annotations
 

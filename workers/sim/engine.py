@@ -26,17 +26,17 @@ from typing import Any, Protocol
 from workers.capacity import NewTokenRatio, admission_tokens
 from workers.sim.radix import CacheMode, PrefixCache
 
-# Measured on the real run (shared/facts/workload.md): ~2,000 output tok/s per GPU with 16
+# Measured on the real run (0.5.11, Qwen3.6-27B + MTP on B200s): ~2,000 output tok/s per GPU with 16
 # running and ~3,500 tok/s with 40 running, MTP accept length ~3.5. Steps per second are
 # tok/s / (running * 3.5): 35.7/s (28 ms) at 16 and 25/s (40 ms) at 40. The line through both
 # points is step_ms = 20 + 0.5 * running. It is applied to every model and GPU: the sim has no
 # other measurement.
 STEP_BASE_MS = 20.0
 STEP_PER_REQ_MS = 0.5
-# workload.md credits MTP with "roughly 3x decode speed-up" at accept length 3.5, so a step
+# The run's operators credited MTP with "roughly 3x decode speed-up" at accept length 3.5, so a step
 # without speculative decoding costs 3 / 3.5 of the measured MTP step.
 NON_SPEC_STEP_SCALE = 3.0 / 3.5
-# Accept rate per draft token: accept length 3.5 with 4 draft tokens (workload.md: acceptance
+# Accept rate per draft token: accept length 3.5 with 4 draft tokens (the run's logs: acceptance
 # ~0.84) -> (3.5 - 1) / (4 - 1). Other draft counts extrapolate linearly (not measured).
 ACCEPT_RATE = 2.5 / 3.0
 # Prefill speed of the sim: new prompt tokens computed per second at real speed. Not measured
@@ -234,8 +234,9 @@ class SimEngine:
         cfg = self.config
         used = sum(r.input_len + r.generated for r in self.running)
         # Slots held per running request: R - 1 (a third-party trace saw 4 held of the 5
-        # reserved under extra_buffer + MTP, sglang.md §7; the real run showed 59 of 80 slots
-        # at 16 running, 3.7 each). Radix-cached slots are not modelled.
+        # reserved under extra_buffer + MTP, github.com/jpezzulli/sglang-rtxpro6000 issue 5;
+        # the real run showed 59 of 80 slots at 16 running, 3.7 each). Radix-cached slots are
+        # not modelled.
         held = max(1, cfg.mamba_ratio - 1)
         mamba_num = min(len(self.running) * held, cfg.max_mamba_cache_size)
         slots = max(cfg.max_mamba_cache_size, 1)

@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints of the simulator (sglang.md §1.3-1.4), non-streaming only.
+"""OpenAI-compatible endpoints of the simulator (``srt/entrypoints/openai/``), non-streaming.
 
 Reasoning: with ``--reasoning-parser`` set and thinking not disabled (``chat_template_kwargs.
 enable_thinking`` is not False and ``reasoning_effort`` is not "none"), the first 80 % of the drawn

@@ -1,10 +1,11 @@
 """SGLang's log lines and Prometheus metrics, fed by the simulated scheduler.
 
-Log lines use SGLang's exact f-strings and format (sglang.md §5): ``[%Y-%m-%d %H:%M:%S] msg``
+Log lines use SGLang's exact f-strings and format (``srt/utils/common.py::configure_logger``,
+``observability/scheduler_metrics_mixin.py``, 0.5.11): ``[%Y-%m-%d %H:%M:%S] msg``
 with no prefix at tp = dp = 1, ``GB`` meaning GiB, printed to stdout and flushed. Metric names,
-labels and update cadence follow sglang.md §2 (``sglang:`` colon names, gauges written on every
-prefill round and every ``--decode-log-interval`` decode steps; token counters per step; request
-counters when a request finishes).
+labels and update cadence follow ``observability/metrics_collector.py`` (``sglang:`` colon
+names, gauges written on every prefill round and every ``--decode-log-interval`` decode
+steps; token counters per step; request counters when a request finishes).
 
 Rate limit: when FLEET_SIM_SPEED > 1, at most one ``Prefill batch`` and one ``Decode batch`` line
 per :data:`MIN_LOG_INTERVAL_S` of real time are printed (5 lines/s per kind); the skipped lines'

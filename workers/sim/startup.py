@@ -1,6 +1,6 @@
 """The simulated engine start: SGLang's startup log lines with the CapacityPlan's numbers.
 
-The sequence and f-strings are SGLang's (sglang.md §5, ``model_runner.py``, ``memory_pool.py``,
+The sequence and f-strings are SGLang's (``model_runner.py``, ``memory_pool.py``,
 ``cuda_graph_runner.py``, ``scheduler.py``). Only the elapsed times are the sim's own: the whole
 start takes FLEET_SIM_STARTUP_S real seconds (60 % "loading weights", 10 % pools, 25 % graphs).
 As in SGLang (``http_server.launch_server`` starts uvicorn only once the scheduler processes

@@ -80,7 +80,7 @@ def reasoning_split(completion_tokens: int, drawn_tokens: int) -> tuple[int, int
 
 
 class OutputLengths:
-    """Log-normal output lengths with a given mean (workload.md: mean ~2,490 tokens).
+    """Log-normal output lengths with a given mean (the observed run: mean ~2,490 tokens).
 
     Each prompt's length is drawn from a generator seeded by the run's seed and the prompt
     itself, so the same prompts give the same workload in every run, whatever the order or the

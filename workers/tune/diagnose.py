@@ -6,7 +6,7 @@ and memory are not short; the cause is the Mamba slots / R, the speculative defa
 an explicit flag), ``kv_capacity`` (KV usage high with requests queued), ``gpu_memory`` (at the
 cap and no lossless lever makes room for more), ``compute`` (more running requests no longer
 raise throughput). GPU utilisation is reported but never used: an engine starved by a
-scheduler cap reads 83-99 % busy (``shared/facts/workload.md``).
+scheduler cap reads 83-99 % busy (the observed run).
 """
 
 from __future__ import annotations

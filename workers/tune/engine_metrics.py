@@ -1,8 +1,8 @@
 """Read SGLang's Prometheus text (``/metrics``) under either spelling of its names.
 
 The engine exports ``sglang:num_running_reqs``; routers, some dashboards and
-``/v1/loads?format=prometheus`` write ``sglang_num_running_reqs`` (``shared/facts/sglang.md``
-§2, §7). Samples are stored under the bare name (``num_running_reqs``), remembering the
+``/v1/loads?format=prometheus`` write ``sglang_num_running_reqs`` (github.com/sgl-project/sglang
+pull 12970). Samples are stored under the bare name (``num_running_reqs``), remembering the
 spelling they came with so evidence can cite the exact metric.
 """
 

@@ -1,6 +1,6 @@
 """The levers the tuner can pull, each predicted with the memory model, and the choice among them.
 
-For a running cap (``shared/facts/sglang.md`` §4 "Levers"):
+For a running cap (the levers of ``model_runner_kv_cache_mixin.py``'s arithmetic):
 
 - more Mamba slots with the current cache mode, and ``--max-running-requests = slots // R``
   set explicitly (mandatory with speculative decoding: otherwise 48, and the speculative

@@ -1,7 +1,7 @@
 """Turn a snapshot's sections into named readings, each with the value and where it came from.
 
 Every quantity has an ordered list of sources; the first one present wins. The order
-follows ``shared/facts/sglang.md``: the effective running cap comes from
+follows SGLang's sources: the effective running cap comes from
 ``internal_states[i].effective_max_running_requests_per_dp``, ``/v1/loads`` or the scheduler's
 startup line, never from the top-level ``max_running_requests`` of ``/server_info`` (the CLI
 value); KV usage is the full-attention pool's (used / capacity tokens), because
@@ -256,7 +256,7 @@ def _speed(s: _Sections) -> dict[str, list[Candidate]]:
         "prefill_share": [_prefill_share(s)],
         "cache_hit_rate": [
             # Not loads[].cache_hit_rate: it is the last prefill batch's, reset at every
-            # decode log, so it cannot say whether prompts share prefixes (sglang.md §2).
+            # decode log, so it cannot say whether prompts share prefixes (``report_decode_stats``).
             _cache_hit_rate(s),
             _realtime_hit_rate(s),
         ],
