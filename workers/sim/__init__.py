@@ -12,7 +12,8 @@ Environment (``config.settings.SimSettings``): FLEET_SIM_SPEED (step times are d
 FLEET_SIM_MEAN_OUTPUT_TOKENS and FLEET_SIM_OUTPUT_SIGMA (log-normal output lengths),
 FLEET_SIM_SEED, FLEET_SIM_GPU_MEMORY_MIB (memory of the simulated GPU), FLEET_SIM_STARTUP_S
 (real seconds of simulated loading; the port refuses connections meanwhile, as SGLang's does).
-SGLANG_ENABLE_SPEC_V2 (default on, as in 0.5.11) and SGLANG_HEALTH_CHECK_TIMEOUT are honoured.
+SGLANG_ENABLE_SPEC_V2 (default: the played release's, on in 0.5.11, off in 0.5.10.post1) and
+SGLANG_HEALTH_CHECK_TIMEOUT are honoured.
 Rates and latencies are real time: at FLEET_SIM_SPEED=k the reported gen throughput is k times the
 modelled GPU's (the per-step accept length and the caps do not change).
 
