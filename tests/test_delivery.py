@@ -174,7 +174,8 @@ def test_redis_restarted_empty_mid_job_is_restored_by_enqueue(fleet_env, make_wo
     own_redis.stop()
     restarted = start_redis(tmp_path / "own-redis", port=own_redis.port)
     own_redis.proc = restarted.proc
-    assert restarted.client().dbsize() == 0
+    # Empty of the job (a worker may already have written its heartbeat again).
+    assert not restarted.client().keys("fleet:job:loss*")
     res = run_producer(env, "enqueue", str(src), "--job", "loss")
     assert res.returncode == 0, res.stderr
     fresh = restarted.client()
