@@ -70,6 +70,8 @@ class SimSettings(BaseSettings):
     seed: int | None = None
     # Real seconds the simulated engine spends "loading weights" before /health turns 200.
     startup_s: float = 1.0
+    # The SGLang release the simulator plays (its /server_info version and version-specific lines).
+    sglang_version: str = "0.5.11"
 
 
 class S3Settings(BaseSettings):

@@ -1,4 +1,4 @@
-"""Tests of workers.capacity against the observed run (shared/facts/workload.md, sglang.md §4)."""
+"""Tests of workers.capacity against the observed run (0.5.11, Qwen3.6-27B + MTP, B200s)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from workers.capacity import (
     QWEN3_0_6B,
     QWEN36_27B,
     EngineFlags,
+    check_hybrid_flags,
     cli_max_running_requests,
     derived_defaults,
     mamba_breakdown_gib,
@@ -19,6 +20,7 @@ from workers.capacity import (
     model_shape,
     overlap_schedule,
     plan_capacity,
+    vlm_mem_factor,
 )
 
 B200_MIB = 183_359
@@ -161,7 +163,9 @@ def test_derived_mem_fraction() -> None:
     assert derived_defaults(0, EngineFlags())[2] == 0.88
     assert derived_defaults(B200_MIB, EngineFlags(mem_fraction_static=0.5))[2] == 0.5
     # The VLM factor scales only the derived value.
-    assert derived_defaults(B200_MIB, spec, QWEN36_27B)[2] == pytest.approx(0.835 * 0.95 * 0.905)
+    assert derived_defaults(B200_MIB, spec, QWEN36_27B)[2] == pytest.approx(
+        0.835 * 0.95 * (1 - 0.1 * (1152**2 / 1024**2 - 1))  # adjust_mem_fraction_for_vlm
+    )
     fixed = EngineFlags(mem_fraction_static=0.9)
     assert derived_defaults(B200_MIB, fixed, QWEN36_27B)[2] == 0.9
 
@@ -240,3 +244,34 @@ def test_dense_model_caps_and_clips() -> None:
     assert small.max_total_num_tokens == 5000
     assert small.max_req_len == 4999
     assert small.max_running_requests == 2048  # min(estimated=2048, tokens // 2 = 2500)
+
+
+def test_int_flags_take_plain_integers_only_max_total_tokens_is_human_readable() -> None:
+    assert EngineFlags.from_flags({"max-total-tokens": "128Ki"}).max_total_tokens == 131072
+    for flag in ("max-running-requests", "chunked-prefill-size", "context-length"):
+        with pytest.raises(ValueError):
+            EngineFlags.from_flags({flag: "32k"})
+
+
+def test_extra_buffer_without_radix_cache_is_rejected() -> None:
+    flags = EngineFlags(mamba_scheduler_strategy="extra_buffer", disable_radix_cache=True)
+    with pytest.raises(ValueError, match="requires the radix cache"):
+        check_hybrid_flags(flags)
+
+
+def test_the_draft_model_comes_out_of_the_reserve_not_the_pool() -> None:
+    shape, flags, plan = profile_plan("qwen36-27b-baseline")
+    heavier = dataclasses.replace(shape, draft_weights_gib=shape.draft_weights_gib + 4.0)
+    other = plan_capacity(heavier, flags, B200_MIB)
+    # The draft worker starts after the target's pools are sized: KV and slots do not move.
+    assert other.max_total_num_tokens == plan.max_total_num_tokens
+    draft_kv = plan.max_total_num_tokens * shape.draft_kv_bytes_per_token / 1024**3
+    assert plan.memory_gib["draft"] == pytest.approx(shape.draft_weights_gib + draft_kv)
+    assert other.memory_gib["reserved"] == pytest.approx(plan.memory_gib["reserved"] - 4.0)
+
+
+def test_vlm_factor_is_sglangs_formula_from_the_vision_config() -> None:
+    assert vlm_mem_factor(None) == 1.0
+    assert vlm_mem_factor((24, 1024)) == pytest.approx(0.95)  # a ViT-L/14: the baseline
+    assert vlm_mem_factor((48, 2048)) == pytest.approx(0.95 * 0.8)  # clamped
+    assert QWEN36_27B.vision == (24, 1152)

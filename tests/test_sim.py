@@ -216,6 +216,38 @@ def test_bad_sampling_params_are_rejected(small: Sim) -> None:
     assert small.post("/generate", {"sampling_params": {}}).status_code == 400
 
 
+def test_unknown_sampling_key_is_a_bare_500_as_in_sglang(small: Sim) -> None:
+    # SamplingParams(**params) raises TypeError and /generate catches only ValueError.
+    for key in ("seed", "user", "logprobs", "best_of", "max_completion_tokens"):
+        resp = small.post("/generate", {"text": "hi", "sampling_params": {key: 1}})
+        assert resp.status_code == 500, key
+        assert resp.text == "Internal Server Error"
+        assert resp.headers["content-type"].startswith("text/plain")
+    known = {"sampling_seed": 1, "n": 1, "max_new_tokens": 2, "spaces_between_special_tokens": True}
+    assert small.post("/generate", {"text": "hi", "sampling_params": known}).status_code == 200
+    # The OpenAI routes parse the body into pydantic models: unknown keys never reach
+    # SamplingParams.
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 1,
+            "user": "u", "logprobs": False}
+    assert small.post("/v1/chat/completions", body).status_code == 200
+    assert small.get("/health").status_code == 200
+
+
+def test_output_length_is_drawn_from_the_seed_and_the_prompt(small: Sim, start) -> None:
+    other = start([*SMALL_MODEL], {"FLEET_SIM_SPEED": "1000", "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40"})
+    prompts = [f"prompt number {i}" for i in range(12)]
+
+    def lengths(sim: Sim, order: list[str]) -> dict[str, int]:
+        bodies = [{"text": p, "sampling_params": {"max_new_tokens": 3000}} for p in order]
+        got = asyncio.run(_post_many(f"{sim.url}/generate", bodies))
+        pairs = zip(order, got, strict=True)
+        return {p: r.json()["meta_info"]["completion_tokens"] for p, r in pairs}
+
+    first = lengths(small, prompts)
+    assert len(set(first.values())) > 1  # a distribution, not one length
+    assert lengths(other, prompts[::-1]) == first  # another process, another order
+
+
 def test_openai_endpoints(small: Sim) -> None:
     comp = small.post("/v1/completions", {"prompt": "hello there", "model": "x"}).json()
     assert comp["object"] == "text_completion"
@@ -253,17 +285,60 @@ def test_metrics_404_without_enable_metrics(start) -> None:
     assert sim.get("/metrics").status_code == 404
 
 
-def test_health_is_503_while_loading(start) -> None:
+def test_connections_are_refused_while_loading(start) -> None:
+    # SGLang starts its HTTP server only once the model and pools are ready.
     sim = start(SMALL_MODEL, {"FLEET_SIM_STARTUP_S": "3"}, ready=False)
-    deadline, codes = time.monotonic() + 60, []
+    deadline, codes, refused = time.monotonic() + 60, [], 0
     while time.monotonic() < deadline and 200 not in codes:
         try:
             codes.append(sim.get("/health").status_code)
-        except httpx.HTTPError:
-            pass
+        except httpx.ConnectError:
+            refused += 1
         time.sleep(0.1)
-    assert 503 in codes and codes[-1] == 200
-    assert "The server is fired up and ready to roll!" in sim.log()
+    assert refused > 0 and codes and set(codes) == {200}
+    log = sim.log()
+    assert log.index("max_total_num_tokens=") < log.index("The server is fired up")
+
+
+def test_length_check_counts_speculative_reserved_tokens(start) -> None:
+    argv, env = profile_argv("qwen36-27b-baseline")  # NEXTN: max(topk*steps, draft) = 4
+    sim = start(argv, {**env, "FLEET_SIM_SPEED": "1000"})
+    context = sim.get("/server_info").json()["context_length"]
+    ids = [1] * (context - 200)
+
+    def status(max_new: int) -> int:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}}
+        return sim.post("/generate", body).status_code
+
+    assert status(196) == 200  # input + 4 reserved + 196 == context: allowed (not >)
+    assert status(197) == 400
+
+
+def test_extra_buffer_without_radix_cache_fails_at_start() -> None:
+    argv = ["--model-path", "Qwen/Qwen3.6-27B", "--mamba-scheduler-strategy", "extra_buffer",
+            "--disable-radix-cache"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "workers.sim", *argv, "--port", str(free_port())],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "requires the radix cache" in res.stdout + res.stderr
+
+
+def test_int_flags_refuse_human_readable_values_where_sglang_does() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for flag, ok in (("--chunked-prefill-size", False), ("--max-total-tokens", True)):
+        argv = [*SMALL_MODEL, flag, "32k", "--port", str(free_port())]
+        proc = subprocess.Popen([sys.executable, "-m", "workers.sim", *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            code = proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            code = None  # still starting: argparse took the value
+        finally:
+            proc.kill()
+            proc.wait()
+        assert (code is None) == ok, flag
+        if not ok:
+            assert code == 2
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -359,3 +434,36 @@ def test_server_cost_per_request_is_small(start) -> None:
     # is exactly that of 1 prefill token plus 3.5 tokens per verify step.
     assert {m["spec_verify_ct"] for m in metas} == {math.ceil(3999 / 3.5)}
     assert per_request < 4e-3
+
+
+def test_shared_prefix_hits_the_radix_cache_unless_it_is_disabled(start) -> None:
+    system = "You are a careful assistant. " * 40  # ~300 tokens shared by every prompt
+    bodies = [{"text": f"{system}question {i}", "sampling_params": {"max_new_tokens": 2}}
+              for i in range(6)]
+    env = {"FLEET_SIM_SPEED": "1000"}
+    for argv, hits in (([*SMALL_MODEL, "--enable-metrics"], True),
+                       ([*SMALL_MODEL, "--enable-metrics", "--disable-radix-cache"], False)):
+        sim = start(argv, env)
+        cached = [sim.post("/generate", b).json()["meta_info"]["cached_tokens"] for b in bodies]
+        assert cached[0] == 0
+        assert (min(cached[1:]) > 0) == hits and (max(cached) == 0) == (not hits)
+        metrics = sim.get("/metrics").text
+        found = re.search(r'^sglang:cached_tokens_total\{[^}]*cache_source="device"[^}]*\} (\S+)$',
+                          metrics, re.M)
+        assert found is not None and float(found.group(1)) == sum(cached)
+        assert re.search(r"#cached-token: [1-9]", sim.log()) if hits else True
+
+
+def test_admission_is_optimistic_and_a_full_pool_retracts(start) -> None:
+    # 8 requests of ~100 + 1000 tokens on a 3000-token pool: budgeting every output in full
+    # would run 2 at a time; SGLang budgets output x new_token_ratio and retracts when short.
+    sim = start([*SMALL_MODEL, "--max-total-tokens", "3000"], {"FLEET_SIM_SPEED": "200"})
+    params = {"max_new_tokens": 1000, "ignore_eos": True}
+    bodies = [{"text": f"{i:03d} " + "x" * 396, "sampling_params": params} for i in range(8)]
+    done = asyncio.run(_post_many(f"{sim.url}/generate", bodies))
+    metas = [r.json()["meta_info"] for r in done]
+    assert all(m["completion_tokens"] == 1000 for m in metas)
+    assert max(m["total_retractions"] for m in metas) > 0
+    log = sim.log()
+    # Only a batch admitted beyond what the pool holds at full length can run short.
+    assert "KV cache pool is full. Retract requests. #retracted_reqs: " in log

@@ -198,6 +198,7 @@ def test_shards_hold_every_row_once_sorted_and_cut_at_batch_boundaries(store):
     summary = aggregate(store, "j1", ShardLimits(rows=50))
     assert summary["complete"] and summary["rows"] == 230 and summary["shards"] == 4
     manifest = orjson.loads(store.get(manifest_key("j1")))
+    assert manifest["store"]["where"] == "node"  # a folder: says the data is on this machine
     all_indices = []
     for n, shard in enumerate(manifest["shards"]):
         assert shard["key"] == f"{manifest['data_prefix']}part-{n:05d}.parquet"

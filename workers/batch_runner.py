@@ -169,7 +169,8 @@ class BatchRunner:
                     return False
                 continue
             attempt += 1
-            if attempt >= self.policy.max_attempts:
+            limit = min(self.policy.max_attempts, got.max_attempts or self.policy.max_attempts)
+            if attempt >= limit:
                 self._record(row, None, f"gave up after {attempt} attempts: {got}")
                 return True
             await asyncio.sleep(backoff_s(attempt, self.policy))

@@ -1,11 +1,12 @@
 """SGLang 0.5.10/0.5.11 memory-pool and running-cap arithmetic, as pure functions.
 
-Everything here mirrors code read in the SGLang wheels (see shared/facts/sglang.md §3.1 and §4);
+Everything here mirrors code read in the SGLang wheels (``srt/server_args.py``,
+``srt/model_executor/model_runner_kv_cache_mixin.py``);
 each function names the SGLang function it follows. What is *read from source* is the arithmetic
 (the reserve formula, the speculative reservation, the Mamba slot rule, ``_resolve_max_num_reqs``).
 What is *calibrated* is the model catalogue below: the per-slot Mamba bytes, the KV bytes per
 token, the weight sizes and the VLM memory factor of Qwen3.6-27B are fitted to the run observed
-on B200s (shared/facts/workload.md), and the derivation is written next to each number.
+on B200s (SGLang 0.5.11, Qwen3.6-27B + MTP), and the derivation is written next to each number.
 
 Simplifications (stated, not hidden): the free memory before weight load is taken as the whole
 GPU (SGLang measures it after the CUDA context exists, a few hundred MiB less); page size is 1;
@@ -24,7 +25,7 @@ MIB_PER_GIB = 1024
 # Default running cap with speculative decoding (server_args.py::_handle_speculative_decoding).
 SPECULATIVE_DEFAULT_MAX_RUNNING = 48
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
-# Algorithms that always turn the overlap scheduler off (sglang.md §3, --disable-overlap-schedule).
+# Algorithms that always turn the overlap scheduler off (server_args.py).
 NO_OVERLAP_ALGORITHMS = frozenset({"NGRAM", "DFLASH"})
 # Extra reserve in MiB per speculative algorithm (server_args.py::_handle_gpu_memory_settings).
 SPECULATIVE_RESERVE_MIB = {"EAGLE": 4096, "EAGLE3": 4096, "NEXTN": 4096, "STANDALONE": 6144}
@@ -48,15 +49,33 @@ class ModelShape:
     # Conv part of mamba_bytes_per_slot (the rest is SSM state, stored in mamba_ssm_dtype).
     mamba_conv_bytes_per_slot: int = 0
     mamba_ssm_dtype: str = "float32"
-    # 0.95 * clamp(1 - 0.1*(vit_complexity/ViT-L - 1), 0.8, 1.05) for VLM archs, else 1.0
-    # (server_args.py::_handle_gpu_memory_settings; applies only to the derived default).
-    vlm_mem_factor: float = 1.0
+    # The vision tower as ServerArgs.adjust_mem_fraction_for_vlm reads it from hf_config's
+    # vision_config: (num_hidden_layers, hidden_size); None for a text-only model.
+    vision: tuple[int, int] | None = None
+    # The draft model's KV bytes per token (its own pool, same #tokens as the target's).
+    draft_kv_bytes_per_token: int = 0
+    # Pool memory an observed run lacked that the arithmetic here does not explain (GiB per
+    # GPU, at tp=1). Stated as such instead of being folded into a fitted factor.
+    unexplained_gib: float = 0.0
     model_type: str = "generic"
     architecture: str = "GenericForCausalLM"
     eos_token_id: int = 0
 
 
-# --- Qwen3.6-27B, calibrated to workload.md ------------------------------------------------
+def vlm_mem_factor(vision: tuple[int, int] | None) -> float:
+    """``ServerArgs.adjust_mem_fraction_for_vlm`` (server_args.py, 0.5.10.post1/0.5.11).
+
+    ``0.95 * clamp(1 - 0.1 * (layers * hidden^2 / (24 * 1024^2) - 1), 0.8, 1.05)``: the ViT's
+    weight count against a ViT-L/14. 1.0 without a vision_config.
+    """
+    if vision is None:
+        return 1.0
+    layers, hidden = vision
+    ratio = layers * hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+# --- Qwen3.6-27B, calibrated to the observed run ------------------------------------------
 # SSM state: 48 GDN layers x 48 value heads x 128 x 128 x fp32 = 150,994,944 B = 144 MiB/slot.
 #   Check: MambaPool holds slots+1 states -> 81 x 144 MiB = 11.39 GiB (observed 11.39 GB at 80
 #   slots) and 201 x 144 MiB = 28.27 GiB (observed 28.27 GB at 200 slots).
@@ -67,13 +86,20 @@ class ModelShape:
 #   conv window 0.19 / 0.45 GiB (both observed). The per-slot numbers are therefore exact fits.
 # KV: calibrated, not derived from config.json: the baseline allocated ~35 GB for ~1.14 M tokens,
 #   i.e. 32 KiB per token for the full-attention layers (35 GiB / 32 KiB = 1.147 M).
-# Weights: 54 GiB as observed; MTP draft head: assumed one decoder layer (~0.45 B params, bf16,
-#   embeddings and lm_head shared with the target) = 0.85 GiB. Not observed separately.
-# VLM factor: Qwen3_5ForConditionalGeneration carries a vision tower, so SGLang scales the derived
-#   mem_fraction_static by 0.95 * clamp(...). The clamp term is calibrated to 0.905 so that the
-#   baseline (B200, derived fraction 0.835 -> 0.718) lands on ~1.14 M KV tokens. This also closes
-#   the observed memory map: the pool is ~128.6 GiB, of which ~17.8 GiB is the stranded
-#   speculative reservation (48 reserved, 17 allocated, §4) -- most of the "27 GB free".
+# Weights: 54 GiB as observed; MTP draft head: 0.85 GiB, the second ``Load weight end`` of the
+#   launch log (the draft worker loads after the target's pools exist, so the draft's weights and
+#   its KV pool come out of the reserve, not out of the pool: model_runner.py /
+#   scheduler.py::init_tp_model_worker then maybe_init_draft_worker). Draft KV: 1 layer x 4 KV
+#   heads x 128 x 2 x bf16 = 2 KiB per token (2.16 GB for 1,137,037 tokens in the log).
+# VLM factor, derived as SGLang derives it: the Qwen3.5/3.6 vision_config names its 27 layers
+#   ``depth``, so adjust_mem_fraction_for_vlm's getattr(num_hidden_layers, 24) reads 24, and
+#   hidden_size 1152: 0.95 * (1 - 0.1 * (1152^2 / 1024^2 - 1)) = 0.9248.
+# Unexplained: with that factor the arithmetic leaves 10.57 GiB more for KV than the observed
+#   ~1.14 M tokens (35 GiB) show. Not read in code (a multimodal runtime reservation and the CUDA
+#   context measured before the weights are candidates); kept as its own number so the catalogue
+#   reproduces the observed pools without hiding the gap in the VLM term. The observed map then
+#   closes: ~17.8 GiB of the pool is the stranded speculative reservation (48 reserved, 17
+#   allocated, §4) -- most of the "27 GB free".
 QWEN36_27B = ModelShape(
     name="Qwen/Qwen3.6-27B",
     weights_gib=54.0,
@@ -84,7 +110,9 @@ QWEN36_27B = ModelShape(
     context_length=262_144,
     mamba_conv_bytes_per_slot=2_949_120,
     mamba_ssm_dtype="float32",
-    vlm_mem_factor=0.95 * 0.905,
+    vision=(24, 1152),
+    draft_kv_bytes_per_token=2048,
+    unexplained_gib=10.57,
     model_type="qwen3_5",
     architecture="Qwen3_5ForConditionalGeneration",
     eos_token_id=151645,
@@ -149,6 +177,15 @@ def parse_human_int(value: object) -> int:
     return int(text)
 
 
+def _to_int(value: object) -> int:
+    """Parse an ``int`` flag: a plain integer, as argparse's ``type=int`` (no ``32k``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    return int(str(value).strip())
+
+
 def _to_float(value: object) -> float:
     """Parse a float flag value."""
     if isinstance(value, bool):
@@ -194,14 +231,21 @@ class EngineFlags:
     speculative_eagle_topk: int | None = None
     kv_cache_dtype: str = "auto"
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
-    # SGLANG_ENABLE_SPEC_V2: True by default in 0.5.11, False in 0.5.10.post1 (sglang.md §0.3).
+    # SGLANG_ENABLE_SPEC_V2: True by default in 0.5.11, False in 0.5.10.post1 (srt/environ.py).
     enable_spec_v2: bool = True
 
     @classmethod
     def from_flags(
-        cls, flags: Mapping[str, object], env: Mapping[str, str] | None = None
+        cls,
+        flags: Mapping[str, object],
+        env: Mapping[str, str] | None = None,
+        spec_v2_default: bool | None = None,
     ) -> EngineFlags:
-        """Build from flag names (dashes or underscores, leading dashes ok); others are ignored."""
+        """Build from flag names (dashes or underscores, leading dashes ok); others are ignored.
+
+        ``spec_v2_default`` is the release's default of ``SGLANG_ENABLE_SPEC_V2``
+        (:mod:`workers.sglang_versions`); the environment variable overrides it.
+        """
         known = {f.name: _CONVERTERS[f.name] for f in fields(cls)}
         values: dict[str, object] = {}
         for raw_key, raw_value in flags.items():
@@ -209,31 +253,33 @@ class EngineFlags:
             key = FLAG_ALIASES.get(key, key)
             if key in known and raw_value is not None:
                 values[key] = known[key](raw_value)
+        if spec_v2_default is not None:
+            values["enable_spec_v2"] = spec_v2_default
         if env is not None and "SGLANG_ENABLE_SPEC_V2" in env:
             values["enable_spec_v2"] = _to_bool(env["SGLANG_ENABLE_SPEC_V2"])
         return cls(**values)  # type: ignore[arg-type]
 
 
 _CONVERTERS: dict[str, Callable[[object], object]] = {
-    "context_length": parse_human_int,
+    "context_length": _to_int,
     "mem_fraction_static": _to_float,
-    "max_running_requests": parse_human_int,
-    "max_mamba_cache_size": parse_human_int,
+    "max_running_requests": _to_int,
+    "max_mamba_cache_size": _to_int,
     "mamba_full_memory_ratio": _to_float,
     "mamba_scheduler_strategy": _to_str,
     "disable_radix_cache": _to_bool,
     "disable_overlap_schedule": _to_bool,
     "speculative_algorithm": lambda v: str(v).upper(),
-    "speculative_num_draft_tokens": parse_human_int,
-    "max_total_tokens": parse_human_int,
-    "chunked_prefill_size": parse_human_int,
-    "cuda_graph_max_bs": parse_human_int,
-    "tp_size": parse_human_int,
+    "speculative_num_draft_tokens": _to_int,
+    "max_total_tokens": parse_human_int,  # type=human_readable_int in server_args.py
+    "chunked_prefill_size": _to_int,
+    "cuda_graph_max_bs": _to_int,
+    "tp_size": _to_int,
     "mamba_ssm_dtype": _to_str,
-    "speculative_num_steps": parse_human_int,
-    "speculative_eagle_topk": parse_human_int,
+    "speculative_num_steps": _to_int,
+    "speculative_eagle_topk": _to_int,
     "kv_cache_dtype": _to_str,
-    "max_prefill_tokens": parse_human_int,
+    "max_prefill_tokens": _to_int,
     "enable_spec_v2": _to_bool,
 }
 
@@ -278,10 +324,18 @@ def resolved_mamba_strategy(flags: EngineFlags) -> str:
 
 
 def check_hybrid_flags(flags: EngineFlags) -> None:
-    """Raise the ValueError SGLang raises for speculative decoding + radix + ``no_buffer``.
+    """Raise the ValueErrors ``ServerArgs`` raises for hybrid (Mamba) models.
 
-    The condition is SGLang's (sglang.md §4); the message text is the sim's own wording.
+    Speculative decoding + radix cache + ``no_buffer``, and ``extra_buffer`` without the radix
+    cache (it keeps ping-pong slots for radix-tree tracking; ``server_args.py`` mamba scheduler
+    strategy checks, 0.5.10.post1/0.5.11). The conditions are SGLang's; the messages are the
+    sim's own wording.
     """
+    if flags.mamba_scheduler_strategy == "extra_buffer" and flags.disable_radix_cache:
+        raise ValueError(
+            "--mamba-scheduler-strategy extra_buffer requires the radix cache; it cannot be "
+            "used with --disable-radix-cache."
+        )
     if (
         speculative(flags)
         and not flags.disable_radix_cache
@@ -363,7 +417,7 @@ def derived_defaults(
         reserved = reserved_mib(chunk, graph_bs, flags, gpu_memory_mib)
         fraction = round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
     if shape is not None:
-        fraction *= shape.vlm_mem_factor
+        fraction *= vlm_mem_factor(shape.vision)
     return chunk, graph_bs, fraction
 
 
@@ -442,7 +496,7 @@ class CapacityPlan:
     cuda_graph_max_bs: int
     # keys: total, weights, mamba, mamba_intermediate, kv, reserved, free (they sum to total).
     # "free" is pool memory nothing allocates: mostly the speculative reservation made for the
-    # pre-cap max_running_requests but allocated only for the final cap (sglang.md §4).
+    # pre-cap max_running_requests but allocated only for the final cap (handle_max_mamba_cache).
     memory_gib: dict[str, float]
     max_req_input_len: int = 0
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
@@ -471,23 +525,35 @@ def _memory_map(
 ) -> dict[str, float]:
     """Split the GPU into weights, Mamba, intermediate, KV, reserved and free GiB."""
     slots, cap, tokens = sizes
-    weights = shape.weights_gib + (shape.draft_weights_gib if speculative(flags) else 0.0)
-    weights /= flags.tp_size
+    weights = shape.weights_gib / flags.tp_size
     per_slot = mamba_bytes_per_slot(shape, flags) if shape.hybrid else 0.0
     mamba = (slots + 1) * per_slot / GIB if shape.hybrid else 0.0  # MambaPool holds slots + 1
     inter = (cap + 1) * num_draft_tokens(flags) * per_slot / GIB if shape.hybrid else 0.0
     kv = tokens * kv_cell_bytes(shape, flags) / GIB
-    free = max(0.0, pool_gib - weights - mamba - inter - kv)
-    reserved = total_gib - weights - mamba - inter - kv - free
+    unexplained = shape.unexplained_gib / flags.tp_size
+    draft = draft_gib(shape, flags, tokens)
+    free = max(0.0, pool_gib - weights - mamba - inter - kv - unexplained)
+    used = weights + mamba + inter + kv + unexplained + draft + free
     return {
         "total": total_gib,
         "weights": weights,
         "mamba": mamba,
         "mamba_intermediate": inter,
         "kv": kv,
-        "reserved": reserved,
+        "unexplained": unexplained,
+        "draft": draft,  # draft weights + draft KV, taken from the reserve
+        "reserved": total_gib - used,
         "free": free,
     }
+
+
+def draft_gib(shape: ModelShape, flags: EngineFlags, tokens: int) -> float:
+    """GiB the speculative draft worker takes after the target's pools: its weights and its own
+    KV pool of ``tokens`` (out of the reserve that mem_fraction_static leaves)."""
+    if not speculative(flags):
+        return 0.0
+    kv = tokens * shape.draft_kv_bytes_per_token * KV_DTYPE_SCALE.get(flags.kv_cache_dtype, 1.0)
+    return (shape.draft_weights_gib + kv / GIB) / flags.tp_size
 
 
 def plan_capacity(shape: ModelShape, flags: EngineFlags, gpu_memory_mib: int) -> CapacityPlan:
@@ -497,8 +563,9 @@ def plan_capacity(shape: ModelShape, flags: EngineFlags, gpu_memory_mib: int) ->
     chunk, graph_bs, fraction = derived_defaults(gpu_memory_mib, flags, shape)
     total_gib = gpu_memory_mib / MIB_PER_GIB
     pool_gib = total_gib * fraction
-    weights = shape.weights_gib + (shape.draft_weights_gib if speculative(flags) else 0.0)
-    rest = pool_gib - weights / flags.tp_size  # post - pre * (1 - mem_fraction_static)
+    # post - pre * (1 - mem_fraction_static), post measured after the TARGET's weights only: the
+    # draft worker is created later (scheduler.py::init_tp_model_worker, then the draft).
+    rest = pool_gib - (shape.weights_gib + shape.unexplained_gib) / flags.tp_size
     cli_cap = cli_max_running_requests(flags)
     slots, ratio = 0, None
     if shape.hybrid:
@@ -546,3 +613,56 @@ def mamba_breakdown_gib(
         "intermediate_ssm_state_cache": inter * ssm / GIB,
         "intermediate_conv_window_cache": inter * conv / GIB,
     }
+
+
+# --- admission and retraction (managers/schedule_policy.py, managers/scheduler.py) ---------
+
+# SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: the most output tokens one request is budgeted for.
+CLIP_MAX_NEW_TOKENS = 4096
+# global_config / environ defaults: init ratio 0.7 x --schedule-conservativeness, decaying to
+# 0.14 of it over 600 decode steps; after a retraction the ratio is re-estimated with
+# RETRACT_DECODE_STEPS more steps per running request.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+
+
+@dataclass
+class NewTokenRatio:
+    """``Scheduler.new_token_ratio``: the share of a request's remaining output budget that
+    admission reserves in the KV pool (SGLang admits optimistically and retracts when short)."""
+
+    init: float
+    floor: float
+    decay: float
+    value: float
+
+    @classmethod
+    def from_conservativeness(cls, conservativeness: float = 1.0) -> NewTokenRatio:
+        """The scheduler's start values for ``--schedule-conservativeness``."""
+        init = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        floor = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        return cls(init, floor, (init - floor) / NEW_TOKEN_RATIO_DECAY_STEPS, init)
+
+    def decode_steps(self, steps: int) -> None:
+        """Decay after ``steps`` decode batches without a retraction."""
+        self.value = max(self.value - self.decay * steps, self.floor)
+
+    def after_retract(self, decoded: int, max_new_total: int, running: int) -> None:
+        """``ScheduleBatch.retract_decode``'s new estimate, capped at 1."""
+        estimate = (decoded + RETRACT_DECODE_STEPS * running) / max(max_new_total, 1)
+        self.value = min(1.0, estimate)
+
+
+def admission_tokens(prefill_tokens: int, remaining_output: int, ratio: float) -> float:
+    """KV tokens ``PrefillAdder`` budgets for one request: the prefill plus its remaining
+    output budget (clipped to CLIP_MAX_NEW_TOKENS) times the new-token ratio."""
+    return prefill_tokens + min(max(0, remaining_output), CLIP_MAX_NEW_TOKENS) * ratio
+
+
+def steady_kv_per_request(input_tokens: float, output_tokens: float) -> float:
+    """KV tokens a running request holds on average over its life: its prompt and, decoding
+    at a steady pace, half its output. What the pool must hold per running request so that
+    optimistic admission does not keep retracting."""
+    return input_tokens + output_tokens / 2

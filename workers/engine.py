@@ -24,6 +24,7 @@ import httpx
 
 from config.launch_profile import LaunchProfile
 from workers.errors import EngineStartFailed
+from workers.sglang_versions import UnsupportedVersion, require_supported_engine
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,11 @@ class Engine:
                     f"see {self.spec.log_path}"
                 )
             if self.probe(timeout_s=5.0):
+                try:  # the formats the fleet reads are known for some SGLang releases only
+                    require_supported_engine(self.spec.base_url, self.spec.gpu)
+                except UnsupportedVersion:
+                    self.state = EngineState.FAILED
+                    raise
                 self.state = EngineState.HEALTHY
                 log.info("engine on GPU %d healthy at %s", self.spec.gpu, self.spec.base_url)
                 return

@@ -2,7 +2,8 @@
 
 Speaks SGLang's native ``/generate`` for plain prompts and ``/v1/chat/completions`` for chat
 messages, and reads the engine's effective running cap. Transport errors and status codes are
-translated here: 400 -> PromptRejected, connection errors / 5xx / timeouts -> EngineUnavailable.
+translated here: 400 -> PromptRejected, 500 -> PromptFailed (a few tries if the engine is still
+healthy), connection errors / other 5xx / timeouts -> EngineUnavailable.
 
 The transport is aiohttp: a worker sends every prompt through here, and httpx's connection
 pool bookkeeping cost ~2 ms of CPU per request at 50-100 connections (bench/overhead.py).
@@ -17,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from workers.errors import EngineUnavailable, PromptRejected
+from workers.errors import EngineUnavailable, PromptFailed, PromptRejected
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def parse_chat(data: dict[str, Any], latency_s: float) -> Completion:
 
 
 def effective_cap(loads: dict[str, Any] | None, server_info: dict[str, Any] | None) -> int | None:
-    """The running cap the scheduler applies, not the CLI value (design-notes §6).
+    """The running cap the scheduler applies, not the CLI value (``Scheduler.get_internal_state``).
 
     Order: ``/v1/loads`` ``loads[*].max_running_requests`` (summed over DP ranks), then
     ``/server_info`` ``internal_states[*].effective_max_running_requests_per_dp``.
@@ -179,6 +180,12 @@ class EngineClient:
         if status == 400 or status == 422:
             text = content[:300].decode(errors="replace")
             raise PromptRejected(f"engine rejected the prompt: {text}")
+        if status == 500:
+            text = content[:200].decode(errors="replace").strip()
+            raise PromptFailed(
+                f"engine answered HTTP 500 to this prompt ({text!r}); SGLang answers a bare 500 "
+                "to a sampling key SamplingParams does not take"
+            )
         if status != 200:
             raise EngineUnavailable(f"{self.base_url}{path}: HTTP {status}")
         return orjson.loads(content), time.monotonic() - start

@@ -5,6 +5,8 @@
     ├── EngineError
     │   ├── EngineStartFailed                the engine exited or never became healthy
     │   ├── EngineUnavailable                the engine is gone: restart it, retry the request
+    │   │   └── PromptFailed                 a live engine answered 500 to this prompt: a few
+    │   │                                    tries, then the row fails (never an outage)
     │   └── PromptRejected(reason)           the engine refused this prompt: quarantine it
     ├── StoreError                           the result store failed (transient unless said)
     └── JobError                             a job record is missing or contradicts the input
@@ -39,6 +41,21 @@ class EngineStartFailed(EngineError):
 
 class EngineUnavailable(EngineError):
     """The engine cannot be reached or answered with a server error."""
+
+    # Tries before the row is recorded failed; None: the job's retry policy decides.
+    max_attempts: int | None = None
+
+
+class PromptFailed(EngineUnavailable):
+    """The engine answered HTTP 500 to this prompt.
+
+    SGLang's ``/generate`` catches only ValueError (``http_server.generate_request``): anything
+    else a prompt triggers, such as the TypeError of a sampling key ``SamplingParams`` does not
+    take, is a bare 500 while the server stays healthy. If ``/health`` is fine, the prompt fails
+    after ``max_attempts`` tries instead of being retried as an outage.
+    """
+
+    max_attempts = 3
 
 
 class PromptRejected(EngineError):

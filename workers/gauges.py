@@ -22,7 +22,7 @@ import redis
 
 from workers import jobstate
 from workers.engine_client import effective_cap
-from workers.tune.engine_metrics import MetricSet, parse_metrics
+from workers.tune.engine_metrics import MetricSet, full_kv_usage, parse_metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,19 @@ class EngineSample:
 def _from_metrics(m: MetricSet) -> dict[str, float | None]:
     return {
         "running": m.total("num_running_reqs"), "queued": m.total("num_queue_reqs"),
-        "kv_usage": m.mean("token_usage"), "mamba_usage": m.mean("mamba_usage"),
+        "kv_usage": full_kv_usage(m)[0], "mamba_usage": m.mean("mamba_usage"),
         "accept_length": m.mean("spec_accept_length"),
         "gen_throughput": m.total("gen_throughput"),
     }
+
+
+def _rank_kv_usage(rank: dict[str, Any]) -> float:
+    """Full-KV usage of one /v1/loads rank: used / capacity tokens (its ``token_usage`` may be
+    the Mamba pool's on hybrid models)."""
+    total = float(rank.get("max_total_num_tokens") or 0)
+    if total and rank.get("num_used_tokens") is not None:
+        return float(rank["num_used_tokens"]) / total
+    return float(rank.get("token_usage") or 0)
 
 
 def _from_loads(loads: dict[str, Any]) -> dict[str, float | None]:
@@ -63,7 +72,7 @@ def _from_loads(loads: dict[str, Any]) -> dict[str, float | None]:
     return {
         "running": sum(float(r.get("num_running_reqs") or 0) for r in ranks),
         "queued": sum(float(r.get("num_waiting_reqs") or 0) for r in ranks),
-        "kv_usage": max(float(r.get("token_usage") or 0) for r in ranks),
+        "kv_usage": max(_rank_kv_usage(r) for r in ranks),
         "accept_length": sum(spec) / len(spec) if spec else None,
         "gen_throughput": sum(float(r.get("gen_throughput") or 0) for r in ranks),
     }

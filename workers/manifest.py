@@ -183,9 +183,11 @@ def shards_digest(shards: list[ShardInfo]) -> str:
 
 
 def build_manifest(spec: JobSpec, version: str, shards: list[ShardInfo], tally: Tally,
-                   verify: dict[str, Any], finished_at: float) -> dict[str, Any]:
+                   verify: dict[str, Any], finished_at: float,
+                   location: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest object (see the module docstring); ``complete`` is verify's ``ok`` over
-    the rows written into ``shards``."""
+    the rows written into ``shards``; ``store`` says where the data lives (on this node or
+    off it, workers/store_location.py)."""
     profiles = {p: {"rows": n, "model": _model_of(p)} for p, n in sorted(tally.profiles.items())}
     return {
         "format": MANIFEST_FORMAT,
@@ -214,6 +216,7 @@ def build_manifest(spec: JobSpec, version: str, shards: list[ShardInfo], tally: 
         },
         "counts": tally.counts,
         "verify": verify,
+        "store": location,
     }
 
 

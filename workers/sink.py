@@ -67,6 +67,7 @@ from workers.manifest import (
 from workers.retry import RetryPolicy
 from workers.sinklock import LockLost, SinkLock
 from workers.store import ObjectMissing, RetryingStore, Store, open_store, store_policy
+from workers.store_location import locate
 from workers.verify import RowCheck, iter_batches, prefetched, stored_batches
 
 log = logging.getLogger(__name__)
@@ -286,8 +287,9 @@ def aggregate(store: Store, job: str, limits: ShardLimits,
         shards, check = write_shards(store, spec, limits, Path(tmp), version)
     on_step("shards-written")
     report = check.report()
+    location = locate(store.url, getattr(store, "endpoint_url", None)).to_json()
     manifest = build_manifest(spec, version, shards, check.tally, report,
-                              _finished_at(previous, shards))
+                              _finished_at(previous, shards), location)
     if previous is not None and _same_data_set(previous, manifest):
         # Same bytes as the committed version: keep it (and its manifest), drop ours.
         manifest = previous

@@ -191,6 +191,7 @@ class S3Store:
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.endpoint_url = s3.endpoint_url
         self._client = boto3.client(
             "s3",
             endpoint_url=s3.endpoint_url,
@@ -308,6 +309,7 @@ class RetryingStore:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.inner, self.policy, self._sleep = inner, policy, sleep
         self.url = inner.url
+        self.endpoint_url: str | None = getattr(inner, "endpoint_url", None)
 
     def __repr__(self) -> str:
         return f"<RetryingStore {self.inner!r} attempts={self.policy.max_attempts}>"

@@ -5,21 +5,28 @@ Launched exactly like ``python -m sglang.launch_server`` (same argv, unknown fla
 It speaks SGLang's HTTP API (native, OpenAI, /server_info, /v1/loads, /metrics) and prints
 SGLang's log lines. It is honest by construction: caps and memory come from
 :mod:`workers.capacity` (SGLang's arithmetic), step times and accept lengths from the measured
-workload (shared/facts/workload.md), each cited where it is used. It is not a stand-in for a GPU:
+workload, each cited where it is used. It is not a stand-in for a GPU:
 no model runs and the output text is filler.
 
 Environment (``config.settings.SimSettings``): FLEET_SIM_SPEED (step times are divided by it),
 FLEET_SIM_MEAN_OUTPUT_TOKENS and FLEET_SIM_OUTPUT_SIGMA (log-normal output lengths),
 FLEET_SIM_SEED, FLEET_SIM_GPU_MEMORY_MIB (memory of the simulated GPU), FLEET_SIM_STARTUP_S
-(real seconds of simulated loading, /health answers 503 meanwhile).
-SGLANG_ENABLE_SPEC_V2 (default on, as in 0.5.11) and SGLANG_HEALTH_CHECK_TIMEOUT are honoured.
+(real seconds of simulated loading; the port refuses connections meanwhile, as SGLang's does).
+SGLANG_ENABLE_SPEC_V2 (default: the played release's, on in 0.5.11, off in 0.5.10.post1) and
+SGLANG_HEALTH_CHECK_TIMEOUT are honoured.
 Rates and latencies are real time: at FLEET_SIM_SPEED=k the reported gen throughput is k times the
 modelled GPU's (the per-step accept length and the caps do not change).
 
 Fault injection (sim only): a prompt containing ``__SIM_CRASH__`` makes the process exit with
 status 1 when the request is admitted to the running batch; a prompt containing ``__SIM_HANG__``
-is admitted, holds its slot and never produces a token (abort it with /abort_request).
+is admitted, holds its slot and never produces a token (abort it with /abort_request); a prompt
+containing ``__SIM_ERROR__`` gets the bare HTTP 500 of an exception SGLang's handler does not
+catch. The SGLang release played is FLEET_SIM_SGLANG_VERSION (0.5.11 by default; /server_info
+reports it).
 
-Not simulated: streaming, n > 1, radix-cache hits (cached_tokens is always 0), retraction,
-prefill cost beyond what the measured step time already contains, DP/TP ranks.
+Prefill costs time (:data:`workers.sim.engine.PREFILL_TOKENS_PER_S`) and prompts that share a
+prefix with earlier ones hit the radix cache (:mod:`workers.sim.radix`), unless the engine runs
+with ``--disable-radix-cache``.
+
+Not simulated: streaming, n > 1, DP/TP ranks.
 """

@@ -1,4 +1,4 @@
-"""SGLang's native HTTP API on top of the simulated scheduler (shapes as in sglang.md §1)."""
+"""SGLang's native HTTP API on the simulated scheduler (``srt/entrypoints/http_server.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from starlette.routing import Route
 
 from workers.sim.engine import SimRequest
 from workers.sim.report import log
-from workers.sim.state import SGLANG_VERSION, SimState, make_request, probe_request
+from workers.sim.state import (
+    SimState,
+    Uncaught,
+    make_request,
+    probe_request,
+)
 from workers.sim.textgen import count_text_tokens, filler_ids, filler_text
 
 HEALTH_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
@@ -30,8 +35,18 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 NOT_READY = (503, {"error": {"message": "The server is not ready yet (loading weights)."}})
 
 
+class PlainText(str):
+    """A handler result sent as text/plain instead of JSON."""
+
+
+# Starlette's ServerErrorMiddleware answer to an exception no handler caught.
+INTERNAL_ERROR = (500, PlainText("Internal Server Error"))
+
+
 def json_response(data: Any, status: int = 200) -> Response:
-    """A JSON response serialised with orjson."""
+    """A JSON response serialised with orjson (a :class:`PlainText` result goes as text)."""
+    if isinstance(data, PlainText):
+        return PlainTextResponse(str(data), status_code=status)
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
@@ -80,17 +95,19 @@ def _as_list(value: Any, count: int) -> list[Any]:
     return [value] * count
 
 
-def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str]], bool]:
-    """(input length, text) per prompt of a /generate body, and whether it is a batch."""
+def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, str, Any]], bool]:
+    """(input length, text, identity, token ids) per prompt of a /generate body, and whether it
+    is a batch. The identity (the text, or the token ids) seeds the prompt's output length.
+    """
     text, ids = body.get("text"), body.get("input_ids")
     if isinstance(text, str):
-        return [(count_text_tokens(text), text)], False
+        return [(count_text_tokens(text), text, text, None)], False
     if isinstance(text, list):
-        return [(count_text_tokens(str(t)), str(t)) for t in text], True
+        return [(count_text_tokens(str(t)), str(t), str(t), None) for t in text], True
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        return [(len(x), "") for x in ids], True
+        return [(len(x), "", str(x), x) for x in ids], True
     if isinstance(ids, list) and ids:
-        return [(len(ids), "")], False
+        return [(len(ids), "", str(ids), ids)], False
     raise ValueError("Either text or input_ids should be provided.")
 
 
@@ -105,8 +122,8 @@ def build_generate(state: SimState, body: dict[str, Any]) -> tuple[list[SimReque
     if body.get("stream"):
         raise ValueError("stream=true is not supported by the simulator (workers.sim).")
     return [
-        make_request(state, n, p or {}, text, rid)
-        for (n, text), p, rid in zip(prompts, params, rids, strict=True)
+        make_request(state, n, p or {}, text, rid, key, ids)
+        for (n, text, key, ids), p, rid in zip(prompts, params, rids, strict=True)
     ], batch
 
 
@@ -139,10 +156,10 @@ def generate_result(state: SimState, req: SimRequest) -> dict[str, Any]:
         "finish_reason": req.finish_reason,
         "prompt_tokens": req.input_len,
         "weight_version": "default",
-        "total_retractions": 0,
+        "total_retractions": req.retractions,
         "reasoning_tokens": 0,
         "completion_tokens": req.generated,
-        "cached_tokens": 0,
+        "cached_tokens": req.cached_tokens,
         "e2e_latency": req.latency,
         **spec_meta(state, req),
     }
@@ -162,6 +179,11 @@ def generate_handler(state: SimState) -> JsonHandler:
             return NOT_READY
         try:
             reqs, batch = build_generate(state, parse_json(raw))
+        except Uncaught as exc:
+            # http_server.generate_request catches only ValueError: the TypeError reaches
+            # Starlette's ServerErrorMiddleware, which answers a bare text 500 (0.5.10-0.5.11).
+            log(f"Exception in ASGI application: TypeError: {exc}")
+            return INTERNAL_ERROR
         except (ValueError, TypeError) as exc:
             return 400, error_payload(str(exc))
         done = await asyncio.gather(*(state.engine.submit(r) for r in reqs))
@@ -220,7 +242,7 @@ def server_info(state: SimState) -> dict[str, Any]:
         "max_total_num_tokens": state.plan.max_total_num_tokens,
         "max_req_input_len": state.plan.max_req_input_len,
         "internal_states": [internal_state(state)],
-        "version": SGLANG_VERSION,
+        "version": state.version,
     }
 
 
@@ -274,7 +296,7 @@ def loads_document(state: SimState) -> dict[str, Any]:
     entry = load_entry(state)
     return {
         "timestamp": datetime.now(timezone.utc).isoformat(),
-        "version": SGLANG_VERSION,
+        "version": state.version,
         "dp_rank_count": 1,
         "loads": [entry],
         "aggregate": {

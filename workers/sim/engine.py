@@ -1,9 +1,12 @@
 """The simulated scheduler: one asyncio task, FCFS, continuous batching under SGLang's caps.
 
 Caps come from :mod:`workers.capacity` (SGLang's arithmetic): at most ``max_running_requests``
-requests decode at once and the KV pool (``max_total_num_tokens``) must hold every admitted
-request's prompt plus its whole output budget (the sim never retracts, so it only admits what is
-guaranteed to fit). A prefill round also stops at ``--max-prefill-tokens`` of new input, like
+requests decode at once, and admission is SGLang's optimistic one (``PrefillAdder``): a request
+is admitted when its prefill plus its remaining output budget times ``new_token_ratio`` fits the
+KV pool next to what the running requests hold and are budgeted for. The ratio decays every
+decode step; when a decode step would not fit, requests are retracted (``retract_decode``:
+fewest output tokens first, then longest prompt), go back to the queue, and the ratio is
+re-estimated. A prefill round also stops at ``--max-prefill-tokens`` of new input, like
 ``PrefillAdder``. Step times come from the measured workload (see :func:`step_ms`).
 
 Cost per step is O(running): each running request gains the accept length as a float, and no
@@ -20,19 +23,27 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# Measured on the real run (shared/facts/workload.md): ~2,000 output tok/s per GPU with 16
+from workers.capacity import NewTokenRatio, admission_tokens
+from workers.sim.radix import CacheMode, PrefixCache
+
+# Measured on the real run (0.5.11, Qwen3.6-27B + MTP on B200s): ~2,000 output tok/s per GPU with 16
 # running and ~3,500 tok/s with 40 running, MTP accept length ~3.5. Steps per second are
 # tok/s / (running * 3.5): 35.7/s (28 ms) at 16 and 25/s (40 ms) at 40. The line through both
 # points is step_ms = 20 + 0.5 * running. It is applied to every model and GPU: the sim has no
 # other measurement.
 STEP_BASE_MS = 20.0
 STEP_PER_REQ_MS = 0.5
-# workload.md credits MTP with "roughly 3x decode speed-up" at accept length 3.5, so a step
+# The run's operators credited MTP with "roughly 3x decode speed-up" at accept length 3.5, so a step
 # without speculative decoding costs 3 / 3.5 of the measured MTP step.
 NON_SPEC_STEP_SCALE = 3.0 / 3.5
-# Accept rate per draft token: accept length 3.5 with 4 draft tokens (workload.md: acceptance
+# Accept rate per draft token: accept length 3.5 with 4 draft tokens (the run's logs: acceptance
 # ~0.84) -> (3.5 - 1) / (4 - 1). Other draft counts extrapolate linearly (not measured).
 ACCEPT_RATE = 2.5 / 3.0
+# Prefill speed of the sim: new prompt tokens computed per second at real speed. Not measured
+# (the workload's logs give only SGLang's "input throughput", new tokens per wall time between
+# prefill batches); it is the order of a 27B model's prefill on one B200 (inferred). It makes a
+# cache hit save time, so the radix cache is not free to turn off.
+PREFILL_TOKENS_PER_S = 20_000.0
 # When the sim falls behind its schedule by more than this, it stops trying to catch up.
 MAX_LAG_S = 0.05
 # Upper bound of decode steps run in one pass at very high FLEET_SIM_SPEED.
@@ -60,6 +71,8 @@ class SimRequest:
     input_len: int
     max_new_tokens: int  # after Scheduler.init_req_max_new_tokens' clamp
     drawn_len: int  # where the "model" emits EOS
+    prefix: tuple[int, ...] = ()  # radix-cache keys of the prompt (workers.sim.radix)
+    cached_tokens: int = 0  # prompt tokens found in the radix cache at admission
     internal: bool = False  # health probes: no metrics, no fault markers
     crash: bool = False
     hang: bool = False
@@ -72,14 +85,20 @@ class SimRequest:
     finish_reason: dict[str, Any] | None = None
     finished_at: float = 0.0
     admitted: bool = False
+    retractions: int = 0
 
     def __post_init__(self) -> None:
         self.stop_at = min(self.drawn_len, self.max_new_tokens)
 
     @property
-    def reserve(self) -> int:
-        """KV tokens held while running: prompt plus the whole output budget."""
-        return self.input_len + self.max_new_tokens
+    def held(self) -> int:
+        """KV tokens held while running: the prompt and the tokens generated so far."""
+        return self.input_len + self.generated
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens left in the request's budget."""
+        return max(0, self.max_new_tokens - self.generated)
 
     @property
     def latency(self) -> float:
@@ -100,6 +119,8 @@ class EngineConfig:
     speed: float
     decode_log_interval: int
     eos_token_id: int
+    cache_mode: CacheMode = CacheMode(enabled=False)
+    schedule_conservativeness: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -126,11 +147,11 @@ class Interval:
 class Observer(Protocol):
     """Receives the scheduler's events (logs and metrics)."""
 
-    def on_step(self, decode_tokens: int, prefill_tokens: int) -> None:
-        """Called after every step with the tokens it computed."""
+    def on_step(self, decode_tokens: int, prefill_tokens: int, cached_tokens: int = 0) -> None:
+        """Called after every step with the tokens it computed (and prefill took from cache)."""
 
     def on_prefill(
-        self, new_reqs: int, new_tokens: int, running_before: int, snap: Snapshot
+        self, new_reqs: int, new_tokens: int, cached: int, running_before: int, snap: Snapshot
     ) -> None:
         """Called after each admission round that admitted requests."""
 
@@ -146,6 +167,9 @@ class Observer(Protocol):
     def on_crash(self, req: SimRequest) -> None:
         """Called right before a ``__SIM_CRASH__`` request kills the process."""
 
+    def on_retract(self, count: int, old_ratio: float, new_ratio: float) -> None:
+        """Called when a decode step retracted ``count`` requests."""
+
 
 class SimEngine:
     """FCFS continuous-batching scheduler of the simulator."""
@@ -156,7 +180,8 @@ class SimEngine:
         self.accept_len = accept_length(config.draft_tokens)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.reserved_tokens = 0
+        self.kv_used = 0  # KV tokens the running requests hold
+        self.ratio = NewTokenRatio.from_conservativeness(config.schedule_conservativeness)
         self.active = 0  # running requests that make progress (not hung)
         self.decode_steps = 0
         self.last_gen_throughput = 0.0
@@ -169,6 +194,8 @@ class SimEngine:
         self._interval_req_steps = 0
         self._interval_start = time.monotonic()
         self._steps = 1  # decode steps run by the current pass
+        self._prefill_s = 0.0  # real seconds the last admission round's prefill costs
+        self.cache = PrefixCache(config.cache_mode, config.max_total_num_tokens)
 
     # --- public API -----------------------------------------------------------------------
 
@@ -207,8 +234,9 @@ class SimEngine:
         cfg = self.config
         used = sum(r.input_len + r.generated for r in self.running)
         # Slots held per running request: R - 1 (a third-party trace saw 4 held of the 5
-        # reserved under extra_buffer + MTP, sglang.md §7; the real run showed 59 of 80 slots
-        # at 16 running, 3.7 each). Radix-cached slots are not modelled.
+        # reserved under extra_buffer + MTP, github.com/jpezzulli/sglang-rtxpro6000 issue 5;
+        # the real run showed 59 of 80 slots at 16 running, 3.7 each). Radix-cached slots are
+        # not modelled.
         held = max(1, cfg.mamba_ratio - 1)
         mamba_num = min(len(self.running) * held, cfg.max_mamba_cache_size)
         slots = max(cfg.max_mamba_cache_size, 1)
@@ -239,13 +267,18 @@ class SimEngine:
 
     def _has_work(self) -> bool:
         """Whether a step would make progress."""
-        return self.active > 0 or (bool(self.waiting) and self._fits(self.waiting[0]))
+        return self.active > 0 or (bool(self.waiting) and self._fits(self.waiting[0], 0.0))
 
-    def _fits(self, req: SimRequest) -> bool:
-        """Whether ``req`` can be admitted now (running cap and KV pool)."""
+    def _budgeted(self) -> float:
+        """Output tokens the running requests are budgeted for (remaining x ratio)."""
+        return sum(admission_tokens(0, r.remaining, self.ratio.value) for r in self.running)
+
+    def _fits(self, req: SimRequest, budgeted: float) -> bool:
+        """Whether ``req`` can be admitted now (running cap and ``PrefillAdder``'s KV rule)."""
         if len(self.running) >= self.config.max_running_requests:
             return False
-        return self.reserved_tokens + req.reserve <= self.config.max_total_num_tokens
+        need = admission_tokens(req.held, req.remaining, self.ratio.value)
+        return self.kv_used + budgeted + need <= self.config.max_total_num_tokens
 
     async def _sleep_until_work(self) -> None:
         """Block on the wake event (new request or abort) instead of polling."""
@@ -259,21 +292,34 @@ class SimEngine:
         self._interval_tokens = self._interval_req_steps = 0
 
     def _admit(self) -> None:
-        """One prefill round: admit FCFS while the caps and the prefill budget allow."""
-        new_reqs = new_tokens = 0
+        """One prefill round: admit FCFS while the caps and the prefill budget allow.
+
+        The budget (``--max-prefill-tokens``, ``PrefillAdder.rem_input_tokens``) counts the
+        tokens to compute: a radix-cache hit costs neither budget nor prefill time.
+        """
+        new_reqs = new_tokens = cached = 0
         running_before = len(self.running)
-        while self.waiting and self._fits(self.waiting[0]):
+        budgeted = self._budgeted()
+        while self.waiting and self._fits(self.waiting[0], budgeted):
             req = self.waiting[0]
-            if new_reqs and new_tokens + req.input_len > self.config.max_prefill_tokens:
+            hit = self.cache.match(req.prefix, req.input_len)
+            compute = req.held - hit  # a retracted request recomputes its output so far
+            if new_reqs and new_tokens + compute > self.config.max_prefill_tokens:
                 break
+            budgeted += admission_tokens(0, req.remaining, self.ratio.value)
             self.waiting.popleft()
+            req.cached_tokens = hit
+            self.cache.insert(req.prefix)
             new_reqs += 1
-            new_tokens += req.input_len
+            new_tokens += compute
+            cached += hit
             self._start(req)
         if new_reqs:
             self.running = [r for r in self.running if r.finish_reason is None]
-            self.observer.on_step(0, new_tokens)
-            self.observer.on_prefill(new_reqs, new_tokens, running_before, self.snapshot())
+            self._prefill_s = new_tokens / PREFILL_TOKENS_PER_S / self.config.speed
+            self.observer.on_step(0, new_tokens, cached)
+            snap = self.snapshot()
+            self.observer.on_prefill(new_reqs, new_tokens, cached, running_before, snap)
             self._signal_output()
 
     def _start(self, req: SimRequest) -> None:
@@ -283,12 +329,13 @@ class SimEngine:
             os._exit(1)  # sim fault injection: a poison prompt kills the engine
         self.running.append(req)
         req.admitted = True
-        self.reserved_tokens += req.reserve
         if req.hang:
+            self.kv_used += req.held
             return  # sim fault injection: admitted, holds its slot, never advances
         self.active += 1
-        req.progress = 1.0
-        req.generated = min(1, req.stop_at)
+        req.progress = max(req.progress, 1.0)
+        req.generated = max(req.generated, min(1, req.stop_at))
+        self.kv_used += req.held
         if req.generated >= req.stop_at:
             self._complete(req)
 
@@ -323,6 +370,7 @@ class SimEngine:
             self._steps = 1
             return
         steps = self._steps = self._steps_now()
+        self._make_room(steps)
         gain = self.accept_len * steps
         produced = req_steps = 0
         done = False
@@ -332,6 +380,7 @@ class SimEngine:
             req.progress += gain
             new = min(int(req.progress), req.stop_at)
             produced += new - req.generated
+            self.kv_used += new - req.generated
             req.generated = new
             req.verify_ct += steps
             req_steps += steps
@@ -341,6 +390,39 @@ class SimEngine:
         self._account(produced, req_steps, steps)  # logs see the batch that ran, as SGLang's
         if done:
             self.running = [r for r in self.running if r.finish_reason is None]
+
+    def _make_room(self, steps: int) -> None:
+        """``Scheduler.update_running_batch``: retract requests when the next decode steps'
+        tokens do not fit the KV pool (``ScheduleBatch.retract_decode``), else decay the ratio.
+
+        Each running request takes what the steps produce plus ``max(draft tokens, 1)`` slots.
+        """
+        per_req = math.ceil(self.accept_len * steps) + max(self.config.draft_tokens, 1)
+        limit = self.config.max_total_num_tokens
+        if self.kv_used + self.active * per_req <= limit or self.active <= 1:
+            self.ratio.decode_steps(steps)
+            return
+        victims = sorted((r for r in self.running if not r.hang),
+                         key=lambda r: (r.generated, -r.input_len), reverse=True)
+        retracted: list[SimRequest] = []
+        while victims and len(victims) > 1 and self.kv_used + self.active * per_req > limit:
+            req = victims.pop()
+            self._retract(req)
+            retracted.append(req)
+        old = self.ratio.value
+        decoded = sum(r.generated for r in self.running)
+        budget = sum(r.max_new_tokens for r in self.running)
+        self.ratio.after_retract(decoded, budget, len(self.running))
+        self.waiting.extendleft(reversed(retracted))
+        self.observer.on_retract(len(retracted), old, self.ratio.value)
+
+    def _retract(self, req: SimRequest) -> None:
+        """Free ``req``'s KV and take it out of the batch; it keeps its output so far."""
+        self.running.remove(req)
+        self.kv_used -= req.held
+        self.active -= 1
+        req.admitted = False
+        req.retractions += 1
 
     def _account(self, produced: int, req_steps: int, steps: int) -> None:
         """Update counters after decode steps; report every ``decode_log_interval`` steps."""
@@ -372,7 +454,8 @@ class SimEngine:
 
     async def _pace(self) -> None:
         """Sleep until the next step is due (step time divided by FLEET_SIM_SPEED)."""
-        self._next_at += self._steps * self._step_seconds()
+        self._next_at += self._steps * self._step_seconds() + self._prefill_s
+        self._prefill_s = 0.0
         delay = self._next_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -396,7 +479,7 @@ class SimEngine:
         if req.finish_reason is not None:
             return
         if req.admitted:
-            self.reserved_tokens -= req.reserve
+            self.kv_used -= req.held
             if not req.hang:
                 self.active -= 1
         req.finish_reason = reason

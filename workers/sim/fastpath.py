@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from workers.sim.api import JsonHandler
+from workers.sim.api import JsonHandler, PlainText
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -45,9 +45,11 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         status, data = await handler(await read_body(receive))
-        body = orjson.dumps(data)
+        plain = isinstance(data, PlainText)
+        body = str(data).encode() if plain else orjson.dumps(data)
+        kind = b"text/plain; charset=utf-8" if plain else b"application/json"
         headers = [
-            (b"content-type", b"application/json"),
+            (b"content-type", kind),
             (b"content-length", str(len(body)).encode()),
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -89,8 +89,9 @@ _SCHEDULING: list[FlagSpec] = [
     (("--max-running-requests",), int, None, None),
     (("--max-queued-requests",), int, None, None),
     (("--max-total-tokens",), human_readable_int, None, None),
-    (("--chunked-prefill-size",), human_readable_int, None, None),
-    (("--max-prefill-tokens",), human_readable_int, 16384, None),
+    # type=int in server_args.py (only --max-total-tokens takes human_readable_int there).
+    (("--chunked-prefill-size",), int, None, None),
+    (("--max-prefill-tokens",), int, 16384, None),
     (
         ("--schedule-policy",),
         str,

@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints of the simulator (sglang.md §1.3-1.4), non-streaming only.
+"""OpenAI-compatible endpoints of the simulator (``srt/entrypoints/openai/``), non-streaming.
 
 Reasoning: with ``--reasoning-parser`` set and thinking not disabled (``chat_template_kwargs.
 enable_thinking`` is not False and ``reasoning_effort`` is not "none"), the first 80 % of the drawn
@@ -14,24 +14,32 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 from starlette.routing import Route
 
 from workers.sim.api import NOT_READY, JsonHandler, endpoint, parse_json, text_tokens
 from workers.sim.engine import SimRequest
-from workers.sim.state import SimState, make_request
+from workers.sim.state import SimState, Uncaught, make_request
 from workers.sim.textgen import count_chat_tokens, count_text_tokens, filler_text, reasoning_split
 
 
-def openai_error(message: str, status: int = 400) -> tuple[int, dict[str, Any]]:
+def openai_error(
+    message: str, status: int = 400, err_type: str = "BadRequestError"
+) -> tuple[int, dict[str, Any]]:
     """SGLang's OpenAI error shape (``ErrorResponse``)."""
     body = {
         "object": "error",
         "message": message,
-        "type": "BadRequestError",
+        "type": err_type,
         "param": None,
         "code": status,
     }
     return status, body
+
+
+def internal_error(exc: Exception) -> tuple[int, dict[str, Any]]:
+    """``OpenAIServingBase.handle_request``: any other exception is a JSON 500."""
+    return openai_error(f"Internal server error: {exc}", 500, "InternalServerError")
 
 
 def _finish(req: SimRequest) -> tuple[str, Any]:
@@ -55,7 +63,12 @@ def _usage(reqs: list[SimRequest], reasoning_tokens: int = 0) -> dict[str, Any]:
 
 
 def _sampling(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
-    """Sampling params of an OpenAI body, in /generate terms."""
+    """Sampling params of an OpenAI body, in /generate terms.
+
+    SGLang's OpenAI routes parse the body into pydantic request models and build the sampling
+    dict from named fields (``ChatCompletionRequest.to_sampling_params``), so an unknown body key
+    (``user``, ``logprobs``, ``seed``...) never reaches ``SamplingParams``: it is ignored here too.
+    """
     params = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos") if k in body}
     params["max_new_tokens"] = max_tokens
     return params
@@ -120,6 +133,8 @@ def completions_handler(state: SimState) -> JsonHandler:
                 make_request(state, n, params, text)
                 for n, text in _completion_prompts(body.get("prompt"))
             ]
+        except Uncaught as exc:
+            return internal_error(exc)
         except (ValueError, TypeError) as exc:
             return openai_error(str(exc))
         done = list(await asyncio.gather(*(state.engine.submit(r) for r in reqs)))
@@ -184,7 +199,9 @@ def build_chat(state: SimState, body: dict[str, Any]) -> SimRequest:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     rid = str(body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}")
-    return make_request(state, count_chat_tokens(messages), _sampling(body, max_tokens), text, rid)
+    key = orjson.dumps(messages).decode()
+    params = _sampling(body, max_tokens)
+    return make_request(state, count_chat_tokens(messages), params, text, rid, key)
 
 
 def chat_handler(state: SimState) -> JsonHandler:
@@ -196,6 +213,8 @@ def chat_handler(state: SimState) -> JsonHandler:
         try:
             body = parse_json(raw)
             req = build_chat(state, body)
+        except Uncaught as exc:
+            return internal_error(exc)
         except (ValueError, TypeError) as exc:
             return openai_error(str(exc))
         done = await state.engine.submit(req)

@@ -1,10 +1,11 @@
 """SGLang's log lines and Prometheus metrics, fed by the simulated scheduler.
 
-Log lines use SGLang's exact f-strings and format (sglang.md §5): ``[%Y-%m-%d %H:%M:%S] msg``
+Log lines use SGLang's exact f-strings and format (``srt/utils/common.py::configure_logger``,
+``observability/scheduler_metrics_mixin.py``, 0.5.11): ``[%Y-%m-%d %H:%M:%S] msg``
 with no prefix at tp = dp = 1, ``GB`` meaning GiB, printed to stdout and flushed. Metric names,
-labels and update cadence follow sglang.md §2 (``sglang:`` colon names, gauges written on every
-prefill round and every ``--decode-log-interval`` decode steps; token counters per step; request
-counters when a request finishes).
+labels and update cadence follow ``observability/metrics_collector.py`` (``sglang:`` colon
+names, gauges written on every prefill round and every ``--decode-log-interval`` decode
+steps; token counters per step; request counters when a request finishes).
 
 Rate limit: when FLEET_SIM_SPEED > 1, at most one ``Prefill batch`` and one ``Decode batch`` line
 per :data:`MIN_LOG_INTERVAL_S` of real time are printed (5 lines/s per kind); the skipped lines'
@@ -106,11 +107,25 @@ class SimMetrics:
         )
         self.decode_tokens = realtime.labels(**sched, mode="decode")
         self.prefill_tokens = realtime.labels(**sched, mode="prefill_compute")
+        self.prefill_cached = realtime.labels(**sched, mode="prefill_cache")
+        self.retracted = Counter(
+            "sglang:num_retracted_requests",
+            "Requests retracted from the running batch.",
+            names,
+            registry=self.registry,
+        ).labels(**sched)
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", model_name)
         self.generation_tokens = self._counter(
             "generation_tokens", "Generated tokens (finished).", model_name
         )
         self.num_requests = self._counter("num_requests", "Finished requests.", model_name)
+        # Tokenizer-side, per finished request, by where the hit was found (device: GPU KV).
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens.",
+            ["model_name", "cache_source"],
+            registry=self.registry,
+        ).labels(model_name=model_name, cache_source="device")
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end latency.",
@@ -159,8 +174,10 @@ class Reporter:
         graph_max_bs: int,
         rate_limited: bool,
         prefix: str = "",
+        pending_token: bool = True,
     ) -> None:
         self.metrics = metrics
+        self.pending_token = pending_token  # 0.5.11's "#pending-token: N, " in prefill lines
         self.hybrid = hybrid
         self.speculative = speculative
         self.graph_max_bs = graph_max_bs
@@ -200,17 +217,19 @@ class Reporter:
             spec_accept_rate=self.interval.accept_rate,
         )
 
-    def on_step(self, decode_tokens: int, prefill_tokens: int) -> None:
-        """Count tokens computed by this step (sglang:realtime_tokens_total)."""
+    def on_step(self, decode_tokens: int, prefill_tokens: int, cached_tokens: int = 0) -> None:
+        """Count tokens computed (or taken from the cache) by this step (realtime_tokens)."""
         if self.metrics is None:
             return
         if decode_tokens:
             self.metrics.decode_tokens.inc(decode_tokens)
         if prefill_tokens:
             self.metrics.prefill_tokens.inc(prefill_tokens)
+        if cached_tokens:
+            self.metrics.prefill_cached.inc(cached_tokens)
 
     def on_prefill(
-        self, new_reqs: int, new_tokens: int, running_before: int, snap: Snapshot
+        self, new_reqs: int, new_tokens: int, cached: int, running_before: int, snap: Snapshot
     ) -> None:
         """Gauges and the ``Prefill batch`` line of one admission round."""
         self._gauges(snap)
@@ -220,10 +239,12 @@ class Reporter:
         if not self._may_log("prefill"):
             return
         usage = usage_part(snap, self.hybrid, decode=False)
+        pending = "#pending-token: 0, " if self.pending_token else ""
         log(
-            f"Prefill batch, #new-seq: {new_reqs}, #new-token: {new_tokens}, #cached-token: 0, "
+            f"Prefill batch, #new-seq: {new_reqs}, #new-token: {new_tokens}, "
+            f"#cached-token: {cached}, "
             f"{usage}#running-req: {running_before}, "
-            f"#queue-req: {snap.queued}, #pending-token: 0, cuda graph: False, "
+            f"#queue-req: {snap.queued}, {pending}cuda graph: False, "
             f"input throughput (token/s): {throughput:.2f}",
             self.prefix,
         )
@@ -255,12 +276,24 @@ class Reporter:
         self.metrics.prompt_tokens.inc(req.input_len)
         self.metrics.generation_tokens.inc(req.generated)
         self.metrics.num_requests.inc()
+        if req.cached_tokens:
+            self.metrics.cached_tokens.inc(req.cached_tokens)
         self.metrics.e2e.observe(req.latency)
 
     def on_idle(self, snap: Snapshot) -> None:
         """Idle gauges (SGLang rewrites them every 30 s with gen_throughput=0; the sim at once)."""
         self.interval = Interval(0.0, 0.0, 0.0)
         self._gauges(snap, force=True)
+
+    def on_retract(self, count: int, old_ratio: float, new_ratio: float) -> None:
+        """The scheduler's retraction line (``Scheduler.update_running_batch``)."""
+        if self.metrics is not None:
+            self.metrics.retracted.inc(count)
+        log(
+            f"KV cache pool is full. Retract requests. #retracted_reqs: {count}, "
+            f"#new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}",
+            self.prefix,
+        )
 
     def on_crash(self, req: SimRequest) -> None:
         """The line printed before the fault-injected crash."""

@@ -17,13 +17,15 @@ import uvicorn
 from starlette.applications import Starlette
 
 from config.settings import SimSettings, load_settings
-from workers.capacity import EngineFlags, model_shape, plan_capacity
+from workers.capacity import EngineFlags, model_shape, plan_capacity, resolved_mamba_strategy
+from workers.sglang_versions import traits
 from workers.sim.admin import admin_routes
 from workers.sim.api import generate_handler, native_routes
 from workers.sim.engine import EngineConfig, SimEngine
 from workers.sim.fastpath import FastPath
 from workers.sim.flags import parse_args
 from workers.sim.openai_api import chat_handler, completions_handler, openai_routes
+from workers.sim.radix import CacheMode
 from workers.sim.report import Reporter, SimMetrics, log
 from workers.sim.startup import run_startup
 from workers.sim.state import SimState, resolved_server_args
@@ -41,7 +43,9 @@ def log_prefix(args: argparse.Namespace) -> str:
 def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
     """Plan the capacity (raises ValueError/RuntimeError like SGLang's start) and wire the sim."""
     shape = model_shape(args.model_path)
-    flags = EngineFlags.from_flags(vars(args), os.environ)
+    version = traits(sim.sglang_version)
+    spec_v2 = version.spec_v2_default if version else None
+    flags = EngineFlags.from_flags(vars(args), os.environ, spec_v2)
     plan = plan_capacity(shape, flags, sim.gpu_memory_mib)
     name = args.served_model_name or args.model_path
     metrics = SimMetrics(name) if args.enable_metrics else None
@@ -54,6 +58,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         graph_max_bs=0 if args.disable_cuda_graph else plan.cuda_graph_max_bs,
         rate_limited=sim.speed > 1,
         prefix=log_prefix(args),
+        pending_token=version is None or version.prefill_pending_token,
     )
     config = EngineConfig(
         max_running_requests=plan.max_running_requests,
@@ -65,6 +70,12 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         speed=sim.speed,
         decode_log_interval=max(1, args.decode_log_interval),
         eos_token_id=shape.eos_token_id,
+        cache_mode=CacheMode(
+            enabled=not flags.disable_radix_cache,
+            hybrid_strategy=resolved_mamba_strategy(flags) if shape.hybrid else None,
+            track_interval=args.mamba_track_interval,
+        ),
+        schedule_conservativeness=args.schedule_conservativeness,
     )
     return SimState(
         args=args,
@@ -76,6 +87,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         metrics=metrics,
         lengths=OutputLengths(sim.mean_output_tokens, sim.output_sigma, sim.seed),
         speed=sim.speed,
+        version=sim.sglang_version,
         server_args=resolved_server_args(args, flags, plan),
     )
 
@@ -89,17 +101,17 @@ def _die_on_failure(task: asyncio.Task[None]) -> None:
     os._exit(1)
 
 
-def build_app(state: SimState, startup_s: float) -> FastPath:
-    """The Starlette app; its lifespan starts the scheduler and the simulated load."""
+def build_app(state: SimState) -> FastPath:
+    """The Starlette app; its lifespan starts the scheduler (the load is over by then)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         engine_task = asyncio.create_task(state.engine.run(), name="sim-scheduler")
         engine_task.add_done_callback(_die_on_failure)
-        start_task = asyncio.create_task(run_startup(state, startup_s, log_prefix(state.args)))
+        state.ready = True
+        log("The server is fired up and ready to roll!", log_prefix(state.args))
         yield
-        for task in (start_task, engine_task):
-            task.cancel()
+        engine_task.cancel()
 
     routes = native_routes(state) + openai_routes(state) + admin_routes(state)
     hot = {
@@ -142,8 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         log(f"{type(exc).__name__}: {exc}")
         return 1
+    asyncio.run(run_startup(state, sim.startup_s, log_prefix(args)))
     config = uvicorn.Config(
-        build_app(state, sim.startup_s),
+        build_app(state),
         host=args.host,
         port=args.port,
         log_level="warning",

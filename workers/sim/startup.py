@@ -1,8 +1,10 @@
 """The simulated engine start: SGLang's startup log lines with the CapacityPlan's numbers.
 
-The sequence and f-strings are SGLang's (sglang.md §5, ``model_runner.py``, ``memory_pool.py``,
+The sequence and f-strings are SGLang's (``model_runner.py``, ``memory_pool.py``,
 ``cuda_graph_runner.py``, ``scheduler.py``). Only the elapsed times are the sim's own: the whole
 start takes FLEET_SIM_STARTUP_S real seconds (60 % "loading weights", 10 % pools, 25 % graphs).
+As in SGLang (``http_server.launch_server`` starts uvicorn only once the scheduler processes
+report ready), nothing listens on the port meanwhile: connections are refused, not answered 503.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ async def _graphs(state: SimState, avail: float, startup_s: float, prefix: str) 
 
 
 async def run_startup(state: SimState, startup_s: float, prefix: str = "") -> None:
-    """Print the startup sequence over ``startup_s`` seconds, then mark the server ready."""
+    """Print the startup sequence over ``startup_s`` seconds (before the HTTP server exists)."""
     begin = time.monotonic()
     mem = state.plan.memory_gib
     for line in warnings(state):
@@ -141,5 +143,3 @@ async def run_startup(state: SimState, startup_s: float, prefix: str = "") -> No
     avail = await _graphs(state, avail, startup_s, prefix)
     log(scheduler_line(state, avail), prefix)
     await asyncio.sleep(max(0.0, begin + startup_s - time.monotonic()))
-    state.ready = True
-    log("The server is fired up and ready to roll!", prefix)

@@ -6,7 +6,8 @@ is SGLang's). ``max_new_tokens`` is then clamped like ``Scheduler.init_req_max_n
 
 Fault injection (sim only, for tests): a prompt containing ``__SIM_CRASH__`` kills the whole sim
 process (``os._exit(1)``) when the request is admitted to the running batch, as an engine crash on
-a poison prompt would; a prompt containing ``__SIM_HANG__`` is admitted and never advances.
+a poison prompt would; a prompt containing ``__SIM_HANG__`` is admitted and never advances; a
+prompt containing ``__SIM_ERROR__`` gets the bare HTTP 500 of an exception no handler catches.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.capacity import (
+    EAGLE_FAMILY,
     CapacityPlan,
     EngineFlags,
     ModelShape,
@@ -25,13 +27,15 @@ from workers.capacity import (
     resolved_mamba_strategy,
     speculative_params,
 )
+from workers.sglang_versions import DEFAULT_VERSION
 from workers.sim.engine import SimEngine, SimRequest, clamp_max_new_tokens
+from workers.sim.radix import prefix_keys
 from workers.sim.report import Reporter, SimMetrics
 from workers.sim.textgen import OutputLengths
 
 CRASH_MARKER = "__SIM_CRASH__"
 HANG_MARKER = "__SIM_HANG__"
-SGLANG_VERSION = "0.5.11"
+ERROR_MARKER = "__SIM_ERROR__"
 
 
 @dataclass
@@ -47,6 +51,7 @@ class SimState:
     metrics: SimMetrics | None
     lengths: OutputLengths
     speed: float
+    version: str = DEFAULT_VERSION
     ready: bool = False
     started_at: float = field(default_factory=time.time)
     server_args: dict[str, Any] = field(default_factory=dict)
@@ -91,8 +96,35 @@ def resolved_server_args(
     return resolved
 
 
+# The keywords ``SamplingParams.__init__`` takes (srt/sampling/sampling_params.py, 0.5.10.post1
+# and 0.5.11; the same names are the msgspec fields of later releases). The tokenizer manager
+# builds ``SamplingParams(**{**preferred_sampling_params, **sampling_params})``
+# (``TokenizerManager._tokenize_one_request``), so any other key is a TypeError.
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
+        "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+        "min_new_tokens", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
+        "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+        "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+    }
+)
+
+
+class Uncaught(TypeError):
+    """An error SGLang's ``/generate`` handler does not catch (it catches only ValueError)."""
+
+
+def _check_keys(params: dict[str, Any]) -> None:
+    """Raise the TypeError ``SamplingParams(**params)`` raises on an unexpected keyword."""
+    for key in params:
+        if key not in SAMPLING_KEYS:
+            raise Uncaught(f"SamplingParams.__init__() got an unexpected keyword argument '{key}'")
+
+
 def _check_sampling(params: dict[str, Any]) -> int | None:
     """``SamplingParams.verify``: raise ValueError on bad values; return max_new_tokens."""
+    _check_keys(params)
     max_new = params.get("max_new_tokens", 128)
     if max_new is not None and (not isinstance(max_new, int) or isinstance(max_new, bool)):
         raise ValueError(f"max_new_tokens must be an integer, got {max_new!r}.")
@@ -110,17 +142,31 @@ def _check_sampling(params: dict[str, Any]) -> int | None:
     return max_new
 
 
-def _check_context(input_len: int, max_new: int | None, context_len: int) -> None:
-    """``TokenizerManager._validate_one_request``: the request must fit the context."""
-    if input_len >= context_len:
+def reserved_tokens(flags: EngineFlags) -> int:
+    """``TokenizerManager.num_reserved_tokens``: EAGLE-family speculative decoding stores the
+    draft tokens in the output slots, so ``max(topk * steps, draft_tokens)`` are reserved."""
+    if flags.speculative_algorithm not in EAGLE_FAMILY:
+        return 0
+    steps, topk, drafts = speculative_params(flags)
+    return max(topk * steps, drafts)
+
+
+def _check_context(input_len: int, max_new: int | None, context_len: int, reserved: int) -> None:
+    """``TokenizerManager._validate_one_request``: the request must fit the context.
+
+    The input counts the reserved speculative tokens; the input alone must be shorter than the
+    context, and input plus ``max_new_tokens`` must not exceed it.
+    """
+    counted = input_len + reserved
+    if counted >= context_len:
         raise ValueError(
-            f"The input ({input_len} tokens) is longer than the model's context length "
+            f"The input ({counted} tokens) is longer than the model's context length "
             f"({context_len} tokens)."
         )
-    if max_new is not None and input_len + max_new >= context_len:
+    if max_new is not None and counted + max_new > context_len:
         raise ValueError(
             f"Requested token count exceeds the model's maximum context length of {context_len} "
-            f"tokens. You requested a total of {input_len + max_new} tokens: {input_len} tokens "
+            f"tokens. You requested a total of {counted + max_new} tokens: {counted} tokens "
             f"from the input messages and {max_new} tokens for the completion. Please reduce the "
             "number of tokens in the input messages or the completion to fit within the limit."
         )
@@ -132,21 +178,31 @@ def make_request(
     params: dict[str, Any],
     text: str = "",
     rid: str | None = None,
+    key: str | None = None,
+    ids: list[int] | None = None,
 ) -> SimRequest:
-    """Validate one prompt and build its SimRequest (raises ValueError -> HTTP 400)."""
+    """Validate one prompt and build its SimRequest (raises ValueError -> HTTP 400).
+
+    ``key`` identifies the prompt for its output length (default: ``text``); an unknown sampling
+    key (or the error marker) raises :class:`Uncaught`, which /generate answers with a bare 500.
+    """
     max_new = _check_sampling(params)
+    if ERROR_MARKER in text:
+        raise Uncaught("sim fault injection: __SIM_ERROR__")
     plan = state.plan
     if state.args.allow_auto_truncate:
         input_len = min(input_len, plan.max_req_input_len)
     else:
-        _check_context(input_len, max_new, plan.context_len)
+        _check_context(input_len, max_new, plan.context_len, reserved_tokens(state.flags))
     clamped = clamp_max_new_tokens(max_new, input_len, plan.max_req_len)
-    drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw()
+    identity = text if key is None else key
+    drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw(identity)
     return SimRequest(
         rid=rid or uuid.uuid4().hex,
         input_len=input_len,
         max_new_tokens=clamped,
         drawn_len=drawn,
+        prefix=prefix_keys(text, ids),
         crash=CRASH_MARKER in text,
         hang=HANG_MARKER in text,
     )

@@ -8,6 +8,7 @@ the same number of tokens under the same rule, and is built by slicing, never to
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from typing import Any
@@ -79,14 +80,21 @@ def reasoning_split(completion_tokens: int, drawn_tokens: int) -> tuple[int, int
 
 
 class OutputLengths:
-    """Log-normal output lengths with a given mean (workload.md: mean ~2,490 tokens)."""
+    """Log-normal output lengths with a given mean (the observed run: mean ~2,490 tokens).
+
+    Each prompt's length is drawn from a generator seeded by the run's seed and the prompt
+    itself, so the same prompts give the same workload in every run, whatever the order or the
+    concurrency they arrive with (one shared generator would hand lengths out by arrival order).
+    """
 
     def __init__(self, mean_tokens: float, sigma: float, seed: int | None) -> None:
-        self._rng = random.Random(seed)
+        self._seed = 0 if seed is None else seed
         self._sigma = sigma
         # For a log-normal, mean = exp(mu + sigma^2 / 2).
         self._mu = math.log(max(mean_tokens, 1.0)) - sigma * sigma / 2
 
-    def draw(self) -> int:
-        """One output length in tokens (at least 1)."""
-        return max(1, round(self._rng.lognormvariate(self._mu, self._sigma)))
+    def draw(self, prompt: str) -> int:
+        """The output length of ``prompt`` in tokens (at least 1), the same on every call."""
+        digest = hashlib.blake2b(f"{self._seed}\0{prompt}".encode(), digest_size=8).digest()
+        rng = random.Random(int.from_bytes(digest, "big"))
+        return max(1, round(rng.lognormvariate(self._mu, self._sigma)))

@@ -17,6 +17,7 @@ from workers.tune.apply import Trial, measure_busy, pick_canary, roll_out, run_t
 from workers.tune.diagnose import Diagnosis, diagnose
 from workers.tune.flags import apply_changes
 from workers.tune.fleet import Fleet, Timing
+from workers.tune.partial import PartialDiagnosis
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ def auto(
     for round_ in range(1, max_trials + 1):
         diagnosis = diagnose(fleet.snapshot(node))
         report.diagnoses.append(diagnosis.to_json())
+        if isinstance(diagnosis, PartialDiagnosis):
+            break  # no memory arithmetic without the GPU's memory: nothing to try
         new = next_profile(current, diagnosis, round_, allow_lossy)
         if new is None:
             break

@@ -6,7 +6,7 @@ and memory are not short; the cause is the Mamba slots / R, the speculative defa
 an explicit flag), ``kv_capacity`` (KV usage high with requests queued), ``gpu_memory`` (at the
 cap and no lossless lever makes room for more), ``compute`` (more running requests no longer
 raise throughput). GPU utilisation is reported but never used: an engine starved by a
-scheduler cap reads 83-99 % busy (``shared/facts/workload.md``).
+scheduler cap reads 83-99 % busy (the observed run).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.capacity import SPECULATIVE_DEFAULT_MAX_RUNNING
+from workers.tune.partial import PartialDiagnosis, diagnose_partial
 from workers.tune.recommend import Recommendation, recommend
 from workers.tune.situation import (
     EngineView,
+    MemoryUnknown,
     effective_cap,
     is_speculative,
     view_from_snapshot,
@@ -44,6 +46,7 @@ BASE_EVIDENCE = (
     "kv_usage",
     "kv_used_tokens",
     "kv_tokens",
+    "kv_need_per_request",
     "mamba_usage",
     "mamba_slots",
     "mamba_ratio",
@@ -76,6 +79,7 @@ class Diagnosis:
             "cause": self.verdict.cause,
             "notes": self.verdict.notes,
             "evidence": self.evidence,
+            "unread_evidence": self.view.model.unread,
             "recommendation": self.recommendation.to_json(),
             "memory_model": {
                 "measured": [m.as_evidence() for m in self.view.model.measured],
@@ -134,9 +138,16 @@ def classify(view: EngineView, cap: int) -> Verdict:
 
 def diagnose(
     snapshot: Mapping[str, Any], gpu_memory_mib: int | None = None, headroom: float = 1.25
-) -> Diagnosis:
-    """Diagnose one engine from its snapshot; raises InsufficientEvidence when it cannot."""
-    view = view_from_snapshot(snapshot, gpu_memory_mib)
+) -> Diagnosis | PartialDiagnosis:
+    """Diagnose one engine from its snapshot; raises InsufficientEvidence when it cannot.
+
+    Without the GPU's memory (a pasted /metrics, say), the constraint the figures show is still
+    named, with no flag change and a list of the evidence that would allow one.
+    """
+    try:
+        view = view_from_snapshot(snapshot, gpu_memory_mib)
+    except MemoryUnknown as exc:
+        return diagnose_partial(snapshot, str(exc))
     cap = effective_cap(view)
     verdict = classify(view, cap)
     verdict, rec = recommend(view, verdict, headroom)

@@ -1,8 +1,16 @@
 """Facts read from an SGLang engine log: the startup memory lines and the periodic batch lines.
 
-The patterns follow the f-strings of SGLang 0.5.10/0.5.11 (``shared/facts/sglang.md`` §5):
-``[%(asctime)s{ DPr}{ PPr}{ TPr}] message``. "GB" in these lines means GiB. Lines without
-the bracketed prefix (another logger format) are read as bare messages.
+The patterns follow the f-strings of SGLang 0.5.10.post1 and 0.5.11 (``model_runner.py``,
+``mem_cache/memory_pool.py``, ``managers/scheduler.py``; the versions
+:mod:`workers.sglang_versions` supports): ``[%(asctime)s{ DPr}{ PPr}{ TPr}] message``
+(``srt/utils/common.py::configure_logger``). "GB" in these lines means GiB. Lines without the
+bracketed prefix (another logger format) are read as bare messages.
+
+Every TP rank prints the startup lines (``Load weight end`` included), so only rank 0's are
+read: a second ``Load weight end`` from rank 0 is the speculative draft model, one from TP1 is
+not. A startup line whose marker is there but whose format is not one of these releases' is
+listed in :attr:`LogFacts.unread`, so the tuner says what it could not read instead of falling
+back silently (0.5.23 prints ``KV Cache is allocated. dtype: …, #tokens: …``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,14 @@ _SPEC_RESET = re.compile(r"Max running requests is reset to (\d+) for speculativ
 _OVERLAP_OFF = "Disabling overlap schedule since mamba no_buffer"
 _BATCH = re.compile(r"^(Decode|Prefill) batch(?: \[\d+\])?, (.*)$")
 _SERVER_ARGS = re.compile(r"server_args=ServerArgs\((.*)\)\s*$")
+_RANK = re.compile(r" (TP|PP|EP)(\d+)")
+# Marker of each startup line the tuner needs, and the patterns that read it.
+_MUST_READ: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
+    ("Load weight end", (_WEIGHT_END,)),
+    ("Mamba Cache is allocated", (_MAMBA,)),
+    ("KV Cache is allocated", (_KV_MHA, _KV_MLA)),
+    ("max_total_num_tokens=", (_SCHEDULER,)),
+)
 _ARG = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,()\[\]]+)")
 
 
@@ -91,6 +107,7 @@ class LogFacts:
     mamba: MambaAlloc | None = None
     kv_tokens: int | None = None
     kv_gib: float | None = None
+    kv_seen: bool = False  # the target's KV line went by (read or not)
     pool_end_avail_gib: float | None = None
     graph_gib: float | None = None
     graph_end_avail_gib: float | None = None
@@ -100,6 +117,8 @@ class LogFacts:
     # The resolved ServerArgs SGLang prints at launch (scalar fields only).
     server_args: dict[str, str | int | float | bool | None] = field(default_factory=dict)
     batches: list[BatchLine] = field(default_factory=list)
+    # Startup lines whose format this parser does not know (the line, shortened).
+    unread: list[str] = field(default_factory=list)
 
     def decode_lines(self) -> list[BatchLine]:
         """The decode lines, oldest first."""
@@ -151,11 +170,20 @@ def parse_batch(message: str, timestamp: str | None = None) -> BatchLine | None:
     return BatchLine(match.group(1).lower(), timestamp, fields)
 
 
-def _split(line: str) -> tuple[str | None, str]:
+def _split(line: str) -> tuple[str | None, str, bool]:
+    """(timestamp, message, whether the line comes from rank 0 of TP, PP and EP)."""
     match = _PREFIX.match(line)
     if not match:
-        return None, line.strip()
-    return match.group("ts"), line[match.end() :].strip()
+        return None, line.strip(), True
+    rank0 = all(n == "0" for _, n in _RANK.findall(match.group("ranks")))
+    return match.group("ts"), line[match.end() :].strip(), rank0
+
+
+def _check_format(message: str, facts: LogFacts) -> None:
+    """Note a startup line whose marker is present but whose format is unknown."""
+    for marker, patterns in _MUST_READ:
+        if marker in message and not any(p.search(message) for p in patterns):
+            facts.unread.append(message[:160])
 
 
 def _read_mamba(message: str) -> MambaAlloc | None:
@@ -173,8 +201,11 @@ def _read_mamba(message: str) -> MambaAlloc | None:
 
 
 def _read_kv(message: str, facts: LogFacts) -> None:
-    if facts.kv_tokens is not None:
-        return  # the draft model's own (small) KV pool comes second
+    if "KV Cache is allocated" not in message:
+        return
+    if facts.kv_seen:
+        return  # the draft model's own (small) KV pool comes second: never the target's
+    facts.kv_seen = True
     if match := _KV_MHA.search(message):
         facts.kv_tokens = int(match.group(1))
         facts.kv_gib = float(match.group(2)) + float(match.group(3))
@@ -216,11 +247,14 @@ def _read_scheduler(message: str, facts: LogFacts) -> None:
 
 
 def _read_line(line: str, facts: LogFacts) -> None:
-    timestamp, message = _split(line)
+    timestamp, message, rank0 = _split(line)
     batch = parse_batch(message, timestamp)
     if batch is not None:
         facts.batches.append(batch)
         return
+    if not rank0:
+        return  # every TP rank repeats the startup lines
+    _check_format(message, facts)
     if not facts.server_args and "server_args=ServerArgs(" in message:
         facts.server_args = parse_server_args(message)
         return

@@ -1,6 +1,6 @@
 """The levers the tuner can pull, each predicted with the memory model, and the choice among them.
 
-For a running cap (``shared/facts/sglang.md`` §4 "Levers"):
+For a running cap (the levers of ``model_runner_kv_cache_mixin.py``'s arithmetic):
 
 - more Mamba slots with the current cache mode, and ``--max-running-requests = slots // R``
   set explicitly (mandatory with speculative decoding: otherwise 48, and the speculative
@@ -26,6 +26,10 @@ from workers.tune.flags import FlagMap, apply_changes, flag_changes
 from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction
 from workers.tune.throughput import ThroughputModel
 
+# The KV pool is sized this much above what running requests hold on average: SGLang admits
+# on new_token_ratio and retracts when short, and each retraction recomputes that request's
+# prefill, so a pool sized at the bare average would retract whenever requests run long.
+KV_STEADY_MARGIN = 1.2
 # Prompts sharing less than this share of their tokens gain nothing from the radix cache.
 NO_RADIX_MAX_HIT_RATE = 0.1
 # A lossy lever (bf16 SSM state, FP8 KV) must beat the best lossless one by this much.
@@ -49,9 +53,20 @@ class Situation:
     context_len: int
     kv_tokens_per_request: float
     cache_hit_rate: float | None
+    prefill_share: float | None  # prefill's share of the tokens processed (None: unknown)
     fraction: float  # resolved mem_fraction_static of the running engine
     extra_fraction: float  # what NVML says could be added to it
     throughput: ThroughputModel
+
+    def no_radix_cost(self) -> float:
+        """Share of throughput lost by recomputing the prompt tokens the radix cache serves.
+
+        Prefill's share of the processed tokens times the hit rate: per token prefill is cheaper
+        than decode, so this overstates the cost (it never makes the lever look better).
+        """
+        if not self.cache_hit_rate:
+            return 0.0
+        return self.cache_hit_rate * (1.0 if self.prefill_share is None else self.prefill_share)
 
     def raised_fraction(self) -> dict[str, Any]:
         """The mem-fraction-static change using the free memory, or {} if there is none."""
@@ -107,7 +122,8 @@ def _fits(model: MemoryModel, flags: FlagMap, running: int, sit: Situation) -> P
         pred = model.predict(_sized(model, flags, running))
     except DoesNotFit:
         return None
-    enough_kv = pred.plan.max_total_num_tokens >= running * sit.kv_tokens_per_request
+    need = running * sit.kv_tokens_per_request * KV_STEADY_MARGIN
+    enough_kv = pred.plan.max_total_num_tokens >= need
     return pred if enough_kv and pred.cap == running else None
 
 
@@ -161,6 +177,8 @@ def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
         if pred is not None:
             changes = flag_changes(sit.flags, _sized(model, flags, pred.cap))
         tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0
+        if name.startswith("no_radix"):
+            tok_s *= 1.0 - sit.no_radix_cost()
         note = blocked or ("does not fit" if pred is None else "")
         options.append(Option(name, changes, pred, tok_s, lossy, not blocked, note))
     return options

@@ -13,7 +13,7 @@ live engine reports, so a prediction for a candidate flag set starts from measur
 - ``mem_fraction_static``: the resolved value in ``/server_info``; it is the default for
   candidates that do not set the flag, because the engine will resolve it the same way.
 - Whatever is left unexplained (the CUDA context, free memory measured before the weights
-  rather than the whole GPU) is folded into the weights as an offset chosen so that the model
+  rather than the whole GPU) is booked as ``unexplained`` memory, chosen so that the model
   reproduces the engine's own ``max_total_num_tokens`` for its current flags.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from workers import capacity
 from workers.capacity import GIB, CapacityPlan, EngineFlags, ModelShape
+from workers.sglang_versions import engine_version, supported_list, traits
 from workers.tune.engine_log import LogFacts
 from workers.tune.readings import Reading
 
@@ -70,6 +71,10 @@ class MemoryModel:
     mem_fraction_static: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     measured: list[Reading] = field(default_factory=list)
+    # SGLANG_ENABLE_SPEC_V2's default in the engine's release (None: workers.capacity's).
+    spec_v2_default: bool | None = None
+    # Evidence the calibration could not read, and what it used instead (never silent).
+    unread: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (
@@ -82,7 +87,7 @@ class MemoryModel:
         merged = dict(flags)
         if "mem-fraction-static" not in merged and self.mem_fraction_static is not None:
             merged["mem-fraction-static"] = self.mem_fraction_static
-        return EngineFlags.from_flags(merged, self.env)
+        return EngineFlags.from_flags(merged, self.env, self.spec_v2_default)
 
     def predict(self, flags: Mapping[str, Any]) -> Prediction:
         """Predict pools and cap for ``flags``; raises DoesNotFit where SGLang would refuse."""
@@ -181,7 +186,8 @@ def _calibrate_weights(
 
 
 def _fit_offset(model: MemoryModel, flags: Mapping[str, Any], kv_tokens: int | None) -> None:
-    """Fold the unexplained memory into the weights so current flags give the observed KV."""
+    """Book the memory the arithmetic does not explain as such, so the current flags give the
+    engine's observed KV tokens."""
     if not kv_tokens:
         return
     try:
@@ -191,7 +197,8 @@ def _fit_offset(model: MemoryModel, flags: Mapping[str, Any], kv_tokens: int | N
     engine_flags = model.engine_flags(flags)
     offset = (predicted - kv_tokens) * capacity.kv_cell_bytes(model.shape, engine_flags) / GIB
     offset *= engine_flags.tp_size
-    model.shape = dataclasses.replace(model.shape, weights_gib=model.shape.weights_gib + offset)
+    unexplained = model.shape.unexplained_gib + offset
+    model.shape = dataclasses.replace(model.shape, unexplained_gib=unexplained)
     model.measured.append(
         Reading("unattributed_gib", round(offset, 3), "fit to the engine's max_total_num_tokens")
     )
@@ -207,11 +214,18 @@ def calibrate(
     """A memory model whose costs are measured from a live engine's log and /server_info."""
     info = server_info or {}
     model = catalog_model(flags, gpu_memory_mib, env)
-    engine_flags = EngineFlags.from_flags(flags, model.env)
+    version = engine_version(info)
+    found = traits(version)
+    model.spec_v2_default = found.spec_v2_default if found else None
+    engine_flags = model.engine_flags(flags)
     measured: list[Reading] = []
     shape = _calibrate_mamba(model.shape, log, engine_flags, measured)
     shape = _calibrate_kv(shape, log, engine_flags, measured)
     shape = _calibrate_weights(shape, log, info, measured)
+    if log.scheduler is not None or log.kv_tokens:
+        # This engine's own pools are observed: its unexplained memory is measured below
+        # (unattributed_gib), not the catalogue's figure from another run.
+        shape = dataclasses.replace(shape, unexplained_gib=0.0)
     model.shape, model.measured = shape, measured
     fraction = info.get("mem_fraction_static")
     if fraction is not None:
@@ -219,4 +233,30 @@ def calibrate(
         measured.append(Reading("mem_fraction_static", fraction, "server_info mem_fraction_static"))
     observed = log.scheduler.max_total_num_tokens if log.scheduler else log.kv_tokens
     _fit_offset(model, flags, observed)
+    model.unread = _unread(version, log, model)
     return model
+
+
+def _unread(version: str | None, log: LogFacts, model: MemoryModel) -> list[str]:
+    """What the calibration could not read from this engine, and what it used instead."""
+    out = []
+    if version is not None and traits(version) is None:
+        out.append(
+            f"server_info version {version}: not a supported SGLang release ({supported_list()}); "
+            "its log formats and pool arithmetic may differ from the ones used here"
+        )
+    out += [f"log line in a format this tuner does not know: {line!r}" for line in log.unread]
+    names = {m.name for m in model.measured}
+    if "kv_bytes_per_token" not in names:
+        out.append("KV bytes per token from the model catalogue: no readable "
+                   "'KV Cache is allocated' line in the log")
+    if model.shape.hybrid and "mamba_ssm_bytes_per_slot" not in names:
+        out.append("Mamba state per slot from the model catalogue: no readable "
+                   "'Mamba Cache is allocated' line in the log")
+    if "weights_gib" not in names:
+        out.append("weights from the model catalogue: no 'Load weight end' line and no "
+                   "server_info memory_usage")
+    if log.scheduler is None and not log.kv_tokens:
+        out.append("no observed max_total_num_tokens: the memory model is not fitted to "
+                   "this engine")
+    return out

@@ -1,11 +1,11 @@
 """Turn a snapshot's sections into named readings, each with the value and where it came from.
 
 Every quantity has an ordered list of sources; the first one present wins. The order
-follows ``shared/facts/sglang.md``: the effective running cap comes from
+follows SGLang's sources: the effective running cap comes from
 ``internal_states[i].effective_max_running_requests_per_dp``, ``/v1/loads`` or the scheduler's
 startup line, never from the top-level ``max_running_requests`` of ``/server_info`` (the CLI
-value); KV usage on hybrid models comes from ``full_token_usage`` because ``token_usage`` is
-``max(kv, mamba)`` there.
+value); KV usage is the full-attention pool's (used / capacity tokens), because
+``token_usage`` is ``max(kv, mamba)`` on hybrid models.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.tune.engine_log import LogFacts, parse_log
-from workers.tune.engine_metrics import MetricSet, parse_metrics
+from workers.tune.engine_metrics import MetricSet, full_kv_usage, parse_metrics
 
 Value = float | int | str | bool
 Candidate = tuple[Value | None, str]
@@ -96,9 +96,9 @@ def _sum_loads(loads: Mapping[str, Any], key: str) -> float | None:
     return sum(found) if found else None
 
 
-def _mean_loads(loads: Mapping[str, Any], key: str) -> float | None:
-    found = _sum_loads(loads, key)
-    return None if found is None else found / len(_loads(loads))
+def _loads_kv_usage(loads: Mapping[str, Any]) -> float | None:
+    used, total = _sum_loads(loads, "num_used_tokens"), _sum_loads(loads, "max_total_num_tokens")
+    return used / total if used is not None and total else None
 
 
 def _log_last(log: LogFacts, *keys: str) -> float | None:
@@ -167,7 +167,6 @@ def _caps(s: _Sections) -> dict[str, list[Candidate]]:
 
 def _kv(s: _Sections) -> dict[str, list[Candidate]]:
     sched = s.log.scheduler
-    hybrid = s.log.mamba is not None or "mamba_usage" in s.metrics
     return {
         "kv_tokens": [
             (sched and sched.max_total_num_tokens, "log scheduler max_total_num_tokens="),
@@ -181,11 +180,10 @@ def _kv(s: _Sections) -> dict[str, list[Candidate]]:
             (_log_last(s.log, "#full token", "#token"), "log Decode batch #full token"),
         ],
         "kv_usage": [
-            _m(s, "full_token_usage", "mean"),
-            (_mean_loads(s.loads, "token_usage"), "loads loads[].token_usage (full KV only)"),
+            full_kv_usage(s.metrics),
+            (_loads_kv_usage(s.loads), "loads loads[].num_used_tokens / max_total_num_tokens"),
             (_log_last(s.log, "full token usage"), "log Decode batch full token usage"),
             (_log_last(s.log, "token usage"), "log Decode batch token usage"),
-            _m(s, "token_usage", "mean") if not hybrid else (None, ""),
         ],
         "mamba_usage": [
             _m(s, "mamba_usage", "mean"),
@@ -206,9 +204,16 @@ def _kv(s: _Sections) -> dict[str, list[Candidate]]:
 
 
 def _cache_hit_rate(s: _Sections) -> Candidate:
-    cached = s.metrics.total("cached_tokens_total", cache_source="total")
-    if cached is None:
-        cached = s.metrics.total("cached_tokens_total")
+    # SGLang counts hits per source (device, host, storage_*); a "total" sample, where one is
+    # exported, is one more source label, not a sum to add to them.
+    per_source = [
+        sample.value
+        for sample in s.metrics.samples.get("cached_tokens_total", [])
+        if sample.labels.get("cache_source", "") != "total"
+    ]
+    cached = sum(per_source) if per_source else s.metrics.total(
+        "cached_tokens_total", cache_source="total"
+    )
     prompt = s.metrics.total("prompt_tokens_total")
     if cached is not None and prompt:
         name = s.metrics.source("cached_tokens_total")
@@ -225,6 +230,18 @@ def _realtime_hit_rate(s: _Sections) -> Candidate:
     return round(cached / (cached + computed), 4), f"metrics {name} prefill_cache / prefill"
 
 
+def _prefill_share(s: _Sections) -> Candidate:
+    """Prefill's share of the tokens the engine processed (realtime_tokens_total by mode)."""
+    decode = s.metrics.total("realtime_tokens_total", mode="decode")
+    computed = s.metrics.total("realtime_tokens_total", mode="prefill_compute") or 0.0
+    cached = s.metrics.total("realtime_tokens_total", mode="prefill_cache") or 0.0
+    if not decode:
+        return None, ""
+    name = s.metrics.source("realtime_tokens_total")
+    share = (computed + cached) / (computed + cached + decode)
+    return round(share, 4), f"metrics {name} prefill / (prefill + decode)"
+
+
 def _speed(s: _Sections) -> dict[str, list[Candidate]]:
     return {
         "gen_throughput": [
@@ -236,9 +253,10 @@ def _speed(s: _Sections) -> dict[str, list[Candidate]]:
             _m(s, "spec_accept_length", "mean"),
             (_log_last(s.log, "accept len"), "log Decode batch accept len"),
         ],
+        "prefill_share": [_prefill_share(s)],
         "cache_hit_rate": [
             # Not loads[].cache_hit_rate: it is the last prefill batch's, reset at every
-            # decode log, so it cannot say whether prompts share prefixes (sglang.md §2).
+            # decode log, so it cannot say whether prompts share prefixes (``report_decode_stats``).
             _cache_hit_rate(s),
             _realtime_hit_rate(s),
         ],

@@ -91,11 +91,14 @@ def _radix_reason(options: list[Option], chosen: Option, sit: Situation) -> str 
     if no_radix is None or keep is None:
         return None
     if chosen.name.startswith("no_radix"):
+        share = "unknown" if sit.prefill_share is None else f"{sit.prefill_share:.1%}"
         return (
             f"--disable-radix-cache: R drops to 1 because prompts share "
-            f"{sit.cache_hit_rate:.1%} of their tokens, so the radix cache saves nothing while "
+            f"{sit.cache_hit_rate:.1%} of their tokens, so the radix cache saves little while "
             f"each running request holds extra Mamba slots; {no_radix.cap} running vs "
-            f"{keep.cap} keeping it"
+            f"{keep.cap} keeping it. Cost: those {sit.cache_hit_rate:.1%} of prompt tokens are "
+            f"prefilled again (prefill is {share} of the tokens processed), counted as "
+            f"{sit.no_radix_cost():.1%} less throughput"
         )
     return f"--disable-radix-cache ({no_radix.cap} running): {no_radix.note or 'not better'}"
 

@@ -36,6 +36,14 @@ def diagnosis_text(d: dict[str, Any]) -> str:
     lines.append("evidence:")
     for e in d["evidence"]:
         lines.append(f"  {e['name']:<26} {e['value']!s:<12} {e['source']}")
+    unread = d.get("unread_evidence") or []
+    if unread:
+        lines.append("could not read (estimated instead):")
+        lines += [f"  - {u}" for u in unread]
+    missing = d.get("missing_evidence") or []
+    if missing:
+        lines.append("further evidence that would sharpen this:")
+        lines += [f"  - {m}" for m in missing]
     rec = d["recommendation"]
     lines.append(f"recommendation ({rec.get('chosen') or 'no flag change'}):")
     lines += _flag_lines(rec["flags"])

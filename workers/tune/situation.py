@@ -24,14 +24,14 @@ from workers.tune.throughput import ThroughputModel
 # batch, so leave the larger of 2 GiB and 3 % of the GPU.
 FREE_MARGIN_GIB = 2.0
 FREE_MARGIN_SHARE = 0.03
-# KV tokens budgeted per running request, as a share of the context: every request may grow
-# to the context limit (thinking traces have a long tail), and the simulator, which never
-# retracts, admits a request only when its prompt plus whole output budget fits.
-KV_CONTEXT_SHARE = 1.0
 
 
 class InsufficientEvidence(ValueError):
     """The snapshot lacks the readings needed to name a binding constraint."""
+
+
+class MemoryUnknown(InsufficientEvidence):
+    """The GPU's memory is unknown: the constraint can be named, no memory arithmetic done."""
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _gpu_memory_mib(readings: Readings, override: int | None) -> int:
     before = readings.log.weights_begin_avail_gib
     if before:
         return math.ceil(before * 1024)
-    raise InsufficientEvidence("GPU memory unknown (no NVML section): pass --gpu-memory-mib")
+    raise MemoryUnknown("GPU memory unknown (no NVML section): pass --gpu-memory-mib")
 
 
 def _points(readings: Readings) -> list[tuple[float, float]]:
@@ -164,22 +164,47 @@ def extra_fraction(view: EngineView) -> float:
     return max(0.0, math.floor(room / total_gib * 100) / 100)
 
 
-def kv_need_per_request(context_len: int) -> float:
-    """KV tokens to budget per running request."""
-    return context_len * KV_CONTEXT_SHARE
+def kv_need_per_request(view: EngineView, context_len: int) -> Reading:
+    """KV tokens the pool must hold per running request, as SGLang schedules.
+
+    SGLang does not reserve a request's whole output budget: ``PrefillAdder`` admits on
+    ``new_token_ratio`` and the scheduler retracts when a decode step runs short
+    (:class:`workers.capacity.NewTokenRatio`), so at steady state the pool holds what running
+    requests hold on average. That is read, in order, from the KV used per running request now,
+    from the finished requests' mean prompt and output (half the output held on average), and
+    only without either from the context (every request assumed to run to the limit).
+    """
+    measured = view.derived.get("kv_tokens_per_running")
+    if measured is not None and measured.value:
+        return Reading("kv_need_per_request", measured.value,
+                       f"{measured.source} (held at steady state)")
+    metrics = view.readings.metrics
+    done = metrics.total("num_requests_total")
+    prompt, output = metrics.total("prompt_tokens_total"), metrics.total("generation_tokens_total")
+    if done and prompt is not None and output is not None:
+        need = capacity.steady_kv_per_request(prompt / done, output / done)
+        return Reading("kv_need_per_request", round(need),
+                       "metrics prompt_tokens_total, generation_tokens_total / num_requests_total:"
+                       " prompt + half the output")
+    need = capacity.steady_kv_per_request(0, context_len)
+    return Reading("kv_need_per_request", round(need),
+                   "no workload figures: every request assumed to run to the context")
 
 
 def situation(view: EngineView) -> Situation:
     """The option search's inputs for this engine."""
     plan = view.current.plan if view.current else None
     context_len = int(view.readings.get("context_len") or (plan.context_len if plan else 8192))
+    need = kv_need_per_request(view, context_len)
+    view.derived[need.name] = need
     fraction = plan.mem_fraction_static if plan else 0.0
     return Situation(
         flags=view.flags,
         current_cap=effective_cap(view),
         context_len=context_len,
-        kv_tokens_per_request=kv_need_per_request(context_len),
+        kv_tokens_per_request=need.value,
         cache_hit_rate=view.readings.get("cache_hit_rate"),
+        prefill_share=view.readings.get("prefill_share"),
         fraction=fraction,
         extra_fraction=extra_fraction(view),
         throughput=view.throughput,

@@ -3,7 +3,7 @@
 A saturating curve ``tok_s(n) = peak * n / (n + half)``: linear while the GPU has spare
 compute, flat past the knee. Its two numbers come from measurements when there are any
 (decode log lines, trial windows) and otherwise from the observed workload
-(``shared/facts/workload.md``: about 2,000 tok/s at 16 running and 3,500 at 40, which gives
+(the observed run: about 2,000 tok/s at 16 running and 3,500 at 40, which gives
 ``half = 40`` and ``peak = 7,000``).
 """
 
@@ -41,7 +41,7 @@ class ThroughputModel:
 WORKLOAD = ThroughputModel(
     peak_tok_s=7000.0,
     half_n=40.0,
-    source="workload.md: ~2,000 tok/s at 16 running, ~3,500 at 40",
+    source="the observed run: ~2,000 tok/s at 16 running, ~3,500 at 40",
 )
 
 
