@@ -153,7 +153,7 @@ def test_every_fleet_setting_named_exists(doc: Path) -> None:
 # Citations of notes that live outside the repository. ``workload.md`` and ``sglang.md`` are
 # also docs/ pages: they may be named as ``docs/NAME.md`` or linked relatively from docs/.
 FOREIGN = re.compile(
-    r"design-notes|facts/|peers\.md|celery\.md|shared notes|\bshared/"
+    r"design-notes|facts/|peers\.md|celery\.md|shared notes|\bshared/|nvml-h200x2/"
     r"|(?<!docs/)(?<!\]\()(?<!\[)\b(?:workload|sglang)\.md"
     r"|§(?!\d+\]\(#)"  # a section sign is only allowed as a link to a heading of the same page
 )
@@ -183,7 +183,8 @@ def test_no_citation_of_documents_the_repository_does_not_hold() -> None:
 def test_the_citation_pattern_catches_what_it_must() -> None:
     """The pattern flags the old citations and spares the repository's own pages."""
     for bad in ("(design-notes §1)", "shared/facts/workload.md", "see workload.md",
-                "(workload.md: ~2,490 tokens)", "facts/celery.md §5", "the §3.1 table", "peers.md"):
+                "(workload.md: ~2,490 tokens)", "facts/celery.md §5", "the §3.1 table", "peers.md",
+                "fixtures/nvml-h200x2/README.md"):
         assert FOREIGN.search(bad), bad
     for good in ("docs/workload.md", "[capacity](capacity.md)", "[sglang.md](sglang.md)",
                  "[§6](#6-failure-modes-and-recovery)"):
