@@ -6,7 +6,7 @@
 # <name>@sha256:<digest> (docker compose passes SGLANG_IMAGE from .env). The default below is
 # the tag the fleet is tested with; the digest cannot be known here, so a build on the bare
 # tag stops at deploy/check_pinned.sh with the two commands that find it, unless
-# ALLOW_UNPINNED_BASE=1 (then it warns loudly). See the README's runbook, step 1.
+# ALLOW_UNPINNED_BASE=1 (then it warns loudly). See docs/runbook.md, step 1.
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.11
 FROM ${SGLANG_IMAGE}
 ARG SGLANG_IMAGE

@@ -59,7 +59,7 @@ fleet: install redis-bin
 	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --stagger-s $(STAGGER) --out .fleet/Procfile
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f .fleet/Procfile -d . start
 
-# Rewrite docker-compose.yml / Procfile for another GPU count (the README's runbook).
+# Rewrite docker-compose.yml / Procfile for another GPU count (docs/runbook.md).
 compose: install
 	$(PY) -m deploy.compose_gen --gpus $(GPUS) --stagger-s $(STAGGER)
 

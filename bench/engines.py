@@ -1,6 +1,6 @@
 """The engine-side view of a run: the ideal bound, busy running slots over time, token counters.
 
-Occupancy is read from the engines, not from the client (design-notes §1): ``/v1/loads``
+Occupancy is read from the engines, not from the client (docs/design.md): ``/v1/loads``
 ``num_running_reqs / max_running_requests`` sampled on every engine, averaged from the first
 request until the last batch of the job has been taken from the queue. The ideal bound is the
 simulator's own throughput model (:mod:`workers.sim.engine`): every engine at its running cap,

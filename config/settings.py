@@ -60,11 +60,11 @@ class SimSettings(BaseSettings):
 
     # How many times faster than real time the simulator runs (step times are divided by it).
     speed: float = 1.0
-    # Mean output length of the long-tailed output distribution (workload.md: ~2,490 tokens).
+    # Mean output length of the long-tailed output distribution (docs/workload.md: ~2,490 tokens).
     mean_output_tokens: float = 2490.0
     # Shape of the log-normal output-length distribution (sigma of the underlying normal).
     output_sigma: float = 0.8
-    # Total memory of the simulated GPU in MiB (workload.md: B200, 183,359 MiB).
+    # Total memory of the simulated GPU in MiB (docs/workload.md: B200, 183,359 MiB).
     gpu_memory_mib: int = 183_359
     # Seed for the output-length draws, so a run can be replayed.
     seed: int | None = None

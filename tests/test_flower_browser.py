@@ -159,7 +159,7 @@ def test_flower_status_prometheus_and_report_show_the_run(fleet_env, make_worker
         assert (out / f"{name}.png").stat().st_size > 5000, name
 
     _check_flower(flower, tmp_path, [w.node for w in workers])
-    if os.environ.get("FLEET_UPDATE_DOCS") == "1":  # refresh the README's screenshots
+    if os.environ.get("FLEET_UPDATE_DOCS") == "1":  # refresh the screenshots of docs/
         docs = ROOT / "docs"
         shutil.copyfile(tmp_path / "flower-tasks.png", docs / "flower.png")
         shutil.copyfile(tmp_path / "flower-worker.png", docs / "flower-worker.png")

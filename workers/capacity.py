@@ -99,7 +99,7 @@ def vlm_mem_factor(vision: tuple[int, int] | None) -> float:
 #   context measured before the weights are candidates); kept as its own number so the catalogue
 #   reproduces the observed pools without hiding the gap in the VLM term. The observed map then
 #   closes: ~17.8 GiB of the pool is the stranded speculative reservation (48 reserved, 17
-#   allocated, §4) -- most of the "27 GB free".
+#   allocated, docs/capacity.md) -- most of the "27 GB free".
 QWEN36_27B = ModelShape(
     name="Qwen/Qwen3.6-27B",
     weights_gib=54.0,
@@ -348,7 +348,8 @@ def check_hybrid_flags(flags: EngineFlags) -> None:
 
 
 def overlap_schedule(flags: EngineFlags, hybrid: bool = True) -> bool:
-    """Whether the overlap scheduler stays on (the ``disable_overlap_schedule`` rules, §3/§0.3)."""
+    """Whether the overlap scheduler stays on (``server_args.py``
+    ``disable_overlap_schedule`` rules; docs/capacity.md step 8)."""
     algo = flags.speculative_algorithm
     if flags.disable_overlap_schedule or algo in NO_OVERLAP_ALGORITHMS:
         return False
@@ -374,7 +375,8 @@ def mamba_ratio(flags: EngineFlags) -> int:
 
 
 def _gpu_memory_row(gpu_memory_mib: int, tp_size: int) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory, the §3.1 table."""
+    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory (the table of
+    ``server_args.py::_handle_gpu_memory_settings``; docs/capacity.md step 1)."""
     if gpu_memory_mib <= 0:
         return 4096, 160
     gib = gpu_memory_mib / MIB_PER_GIB

@@ -1,10 +1,10 @@
 """The Celery application (``celery -A workers worker -Q gpu0``) and its delivery settings.
 
-Why these settings (facts/celery.md):
+Why these settings (Celery 5.7 / kombu 5.7; the design in docs/design.md and docs/delivery.md):
 - prefork pool: the main process keeps heartbeats, remote control and lease renewal alive
   while a batch runs; ``solo`` would freeze them and ``threads`` cannot cancel a task.
 - ``worker_concurrency = batches_per_gpu`` (2): while one batch waits for its slowest prompts
-  the other keeps the engine's slots full (design-notes §1).
+  the other keeps the engine's slots full (docs/design.md).
 - acks late + reject on worker lost + prefetch 1: a batch is acked only after its results are
   in the store; a killed pool child puts its batch straight back.
 - queues: batches go to the shared queue ``gpu``; each worker also consumes its own ``gpuN``

@@ -1,6 +1,7 @@
 """What Flower shows of the fleet: batch progress events, the task formatter, worker info.
 
-Flower only knows Celery's events and ``inspect`` replies (facts/celery.md §5), so:
+Flower (2.2) only knows Celery's events (its ``EventReceiver`` on the ``celeryev``
+exchange) and ``inspect`` replies (``stats``, ``active``, ...), so:
 
 - a running batch sends ``task-progress`` events; Flower merges their fields into the task and
   lists it as PROGRESS. The numbers (prompts done, output tokens, tokens/s) travel as the

@@ -2,7 +2,8 @@
 
 A hung scheduler may still answer ``/health`` slowly or not at all; the direct evidence is the
 engine's own decode counter (``sglang:realtime_tokens_total{mode="decode"}``, bumped every
-step, facts/sglang.md §2) standing still while ``sglang:num_running_reqs`` is above zero.
+step; SGLang 0.5.11 ``srt/observability/scheduler_metrics_mixin.py``) standing still while
+``sglang:num_running_reqs`` is above zero.
 Engines started without ``--enable-metrics`` are never judged stalled (no evidence).
 """
 

@@ -7,7 +7,7 @@ become StoreError here; an access denial becomes StoreDenied, which is never ret
 
 What a killed writer leaves behind (a local ``.tmp-*`` file, an S3 multipart upload whose parts
 are billed but invisible) is removed by :meth:`Store.clean_partial`, which the sink calls at its
-start. On S3, add a lifecycle rule as well (README, "S3"): it also covers the other writers.
+start. On S3, add a lifecycle rule as well (docs/output.md, "S3"): it also covers the other writers.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ or link-local address, or this host's own name. An empty endpoint means AWS S3 a
 endpoint host is taken as a store elsewhere. ``enqueue`` refuses a job whose store is on the
 node unless the operator says so with ``FLEET_ALLOW_NODE_LOCAL_STORE=1`` (or
 ``enqueue --allow-node-local-store``); ``status`` reports the location either way. The
-runbook (README, "Copy a MinIO run off the node") has the step that saves such a run.
+runbook (docs/runbook.md, "Copy a MinIO run off the node") has the step that saves such a run.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ FLUSHED = (
 
 
 def model_info(state: SimState) -> dict[str, object]:
-    """The /model_info document (§1.5)."""
+    """The /model_info document (route ``/model_info`` of SGLang 0.5.11
+    ``srt/entrypoints/http_server.py``)."""
     return {
         "model_path": state.args.model_path,
         "tokenizer_path": state.args.tokenizer_path or state.args.model_path,

@@ -194,7 +194,9 @@ def generate_handler(state: SimState) -> JsonHandler:
 
 
 def make_health(state: SimState) -> Endpoint:
-    """GET /health and /health_generate: a 1-token probe through the scheduler (§1.1)."""
+    """GET /health and /health_generate: a 1-token probe through the scheduler
+    (routes ``/health`` and ``/health_generate``, SGLang 0.5.11
+    ``srt/entrypoints/http_server.py``)."""
 
     async def health(request: Request) -> Response:
         if not state.ready:
@@ -260,7 +262,7 @@ def make_server_info(state: SimState, deprecated: str | None = None) -> Endpoint
 
 
 def load_entry(state: SimState) -> dict[str, Any]:
-    """``loads[0]`` of /v1/loads (§1.7)."""
+    """``loads[0]`` of /v1/loads (SGLang 0.5.11 ``srt/entrypoints/v1_loads.py``)."""
     snap = state.engine.snapshot()
     plan, mem = state.plan, state.plan.memory_gib
     metrics_on = state.metrics is not None  # gen_throughput comes from stats: 0 without metrics

@@ -6,7 +6,8 @@ turns that into MiB / W / % values. Only :func:`read_raw` touches the driver, so
 conversion is tested on real captures on machines without a GPU.
 
 Memory: NVML's v2 ``used`` excludes the driver's reserved memory and equals nvidia-smi's
-``memory.used``; v1 ``used`` includes it (see fixtures/nvml-h200x2/README.md). We report v2
+``memory.used``; v1 ``used`` includes it (NVML's ``nvmlDeviceGetMemoryInfo`` and its v2 form;
+both are in the captures of tests/fixtures/tune/nvml/). We report v2
 when the driver has it. NVML indices follow PCI bus order, so an engine pinned with
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=N`` shows up on index N. Inside a
 container that reserves one GPU, NVML sees only that one, as index 0, whatever its host index:
