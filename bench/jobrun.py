@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.common import Fleet, MachineCpu, note
 from bench.engines import EngineModel, JobWatch, Timeline, engine_model
-from workers import jobstate
+from workers.delivery import jobstate
 
 
 def poll_interval_s(gpus: int) -> float:

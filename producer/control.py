@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from producer.enqueue import EnqueueReport, reconcile
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.delivery.whereabouts import remove_queued
 from workers.errors import JobError
 from workers.jobs import JobSpec

@@ -30,8 +30,8 @@ import orjson
 import redis
 from celery import Celery
 
-from workers import jobstate
-from workers.delivery import whereabouts
+from workers.delivery import jobstate, whereabouts
+from workers.delivery.lease import unacked_key
 from workers.errors import InputError, JobError
 from workers.jobs import (
     JobSpec,
@@ -45,7 +45,6 @@ from workers.jobs import (
     staged_sha256,
     uncompressed,
 )
-from workers.lease import unacked_key
 from workers.store import ObjectMissing, Store
 
 CHECKERS = 8

@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from workers.jobstate import SERIES_BUCKET_S
+from workers.delivery.jobstate import SERIES_BUCKET_S
 
 SIZE_IN = (8.0, 4.0)
 DPI = 110

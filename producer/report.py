@@ -26,7 +26,7 @@ import redis
 
 from producer import plots
 from producer.status import job_status
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.jobs import JobSpec, batch_of_result_key, decode_rows, results_prefix
 from workers.manifest import row_bucket
 from workers.store import Store

@@ -20,8 +20,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from workers import jobstate
 from workers.celery_app import SHARED_QUEUE
+from workers.delivery import jobstate
+from workers.delivery.progress import spill_rows
 from workers.jobs import (
     JobSpec,
     batch_of_result_key,
@@ -35,7 +36,6 @@ from workers.jobs import (
     staged_sha256,
 )
 from workers.manifest import encode_manifest, load_manifest, manifest_key, success_key
-from workers.progress import spill_rows
 from workers.sink import reset_auto_trigger
 from workers.sinklock import SinkLock
 from workers.store import Store

@@ -32,9 +32,9 @@ import orjson
 import redis
 
 from config.launch_profile import ProfileError, load_profile
-from workers import jobstate
 from workers.batch_runner import sampling_for
-from workers.delivery import ownership, whereabouts
+from workers.delivery import jobstate, ownership, whereabouts
+from workers.delivery.progress import spill_rows
 from workers.errors import JobError
 from workers.jobs import (
     JobSpec,
@@ -46,7 +46,6 @@ from workers.jobs import (
     result_key,
 )
 from workers.manifest import launch_digest, row_bucket
-from workers.progress import spill_rows
 from workers.sink import prefetched, stored_batches
 from workers.store import Store
 

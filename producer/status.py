@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.delivery.ownership import live_holders
 from workers.heartbeat import read_heartbeats
 from workers.jobs import JobSpec

@@ -20,15 +20,14 @@ import redis.asyncio as aioredis
 
 from config.launch_profile import load_profile
 from producer.localfleet import free_port
-from workers import jobstate, lease
 from workers.context import WorkerIdentity
-from workers.delivery import ownership, whereabouts
+from workers.delivery import jobstate, lease, ownership, whereabouts
 from workers.delivery.gate import ConsumerGate
+from workers.delivery.gpu_share import Claim, allowed, others_in_flight
 from workers.delivery.ownership import LostOwnership, Ownership
+from workers.delivery.progress import BatchEnv, ProgressRecorder, read_progress
 from workers.engine import Engine, EngineSpec
-from workers.gpu_share import Claim, allowed, others_in_flight
 from workers.jobs import encode_rows, result_key
-from workers.progress import BatchEnv, ProgressRecorder, read_progress
 from workers.store import open_store
 
 

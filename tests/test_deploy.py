@@ -28,7 +28,8 @@ import yaml
 from deploy import compose_gen, healthcheck, procfile_gen
 from producer.localfleet import free_port, free_port_block, start_worker, stop_process
 from tests.conftest import ROOT, run_producer, wait_done, write_prompts
-from workers import heartbeat, jobstate
+from workers import heartbeat
+from workers.delivery import jobstate
 
 pytest_plugins = ["tests.s3fixture"]  # the moto_server fixture
 

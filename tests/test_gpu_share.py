@@ -1,4 +1,5 @@
-"""The GPU's in-flight budget, shared by its batches oldest first (workers/gpu_share.py)."""
+"""The GPU's in-flight budget, shared by its batches oldest first
+(workers/delivery/gpu_share.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import orjson
 import redis.asyncio as aioredis
 
 from tests.conftest import run_producer, wait_done, write_prompts
-from workers import jobstate
-from workers.gpu_share import STALE_S, Claim, GpuShare, allowed, in_flight_total
+from workers.delivery import jobstate
+from workers.delivery.gpu_share import STALE_S, Claim, GpuShare, allowed, in_flight_total
 from workers.limiter import Limiter
 
 

@@ -28,15 +28,15 @@ from config.settings import Settings
 from producer import render
 from producer.localfleet import RedisServer, free_port
 from producer.report import build_report
-from workers import jobstate
 from workers.celery_app import make_app
 from workers.context import WorkerIdentity
+from workers.delivery import jobstate
+from workers.delivery.progress import BatchEnv, ProgressRecorder
 from workers.engine import EngineState
 from workers.events import BATCH_TASK, TaskProgress, format_task, worker_info
 from workers.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
 from workers.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.metrics import Exporter, FleetCollector, node_prompts_key, record_batch
-from workers.progress import BatchEnv, ProgressRecorder
 from workers.sim.report import SimMetrics
 from workers.store import open_store
 
@@ -45,7 +45,7 @@ NODE = "gpu3@obs"
 
 
 def _row(index: int, kind: str, tokens: int = 10) -> dict[str, Any]:
-    """A stored result row of the given kind (as workers/progress.py builds them)."""
+    """A stored result row of the given kind (as workers/delivery/progress.py builds them)."""
     ok = kind in ("ok", "truncated")
     return {"job": "obs", "batch": 0, "index": index, "id": f"p{index}",
             "prompt": None if kind == "quarantined" else f"q{index}", "messages": None,

@@ -9,7 +9,8 @@ from config.launch_profile import load_profile
 from producer.reuse import apply_reuse
 from tests.conftest import run_producer, write_prompts
 from tests.test_sink import cli, digest_of, local_root, make_job, prompt_rows, write_results
-from workers import jobstate
+from workers.delivery import jobstate
+from workers.delivery.progress import read_progress
 from workers.errors import JobError
 from workers.jobs import (
     PromptRow,
@@ -20,7 +21,6 @@ from workers.jobs import (
     result_key,
 )
 from workers.manifest import launch_digest
-from workers.progress import read_progress
 from workers.store import LocalStore
 
 

@@ -5,8 +5,8 @@ redelivered batch or a restarted engine only costs the prompts that were in flig
 Per-prompt errors become failed rows with a reason; an engine that stays down hands the batch
 back to the queue.
 
-The batches on one GPU share one in-flight budget, oldest batch first (workers/gpu_share.py),
-so their tails overlap instead of coinciding.
+The batches on one GPU share one in-flight budget, oldest batch first
+(workers/delivery/gpu_share.py), so their tails overlap instead of coinciding.
 
 Poison prompts: prompts in flight when the engine crashes are set aside as suspects and, once
 the rest of the batch is done, re-sent in halving groups. Only a crash while a suspect runs
@@ -25,22 +25,23 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from workers import jobstate, sink
+from workers import sink
 from workers.aio import cancel_and_wait
-from workers.crashes import CrashTracker
+from workers.delivery import jobstate
+from workers.delivery.crashes import CrashTracker
+from workers.delivery.gpu_share import GpuShare
 from workers.delivery.ownership import LostOwnership, Ownership
-from workers.engine_client import Completion, EngineClient
-from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
-from workers.gpu_share import GpuShare
-from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
-from workers.limiter import Limiter
-from workers.progress import (
+from workers.delivery.progress import (
     BatchEnv,
     ProgressRecorder,
     drop_progress,
     read_progress,
     result_row,
 )
+from workers.engine_client import Completion, EngineClient
+from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
+from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
+from workers.limiter import Limiter
 from workers.retry import RetryPolicy, backoff_s
 from workers.sampling_params import sampling_for
 

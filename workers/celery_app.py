@@ -11,7 +11,7 @@ Why these settings (Celery 5.7 / kombu 5.7; the design in docs/design.md and doc
   first (``queue_order_strategy=priority``), so work flows to whichever GPU is free and a dead
   GPU strands nothing, while ``gpuN`` still lets a batch be pinned.
 - the lease: ``visibility_timeout`` is short (30 s) because live workers renew it
-  (workers/lease.py); the sweep runs every ``sweep_interval_s``, and its mutex expires soon
+  (workers/delivery/lease.py); the sweep runs every ``sweep_interval_s``, and its mutex expires soon
   after, so a worker that dies mid-sweep does not stop the others' sweeps for minutes.
 """
 

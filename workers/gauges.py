@@ -20,7 +20,7 @@ import httpx
 import orjson
 import redis
 
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.engine_client import effective_cap
 from workers.tune.engine_metrics import MetricSet, full_kv_usage, parse_metrics
 

@@ -105,7 +105,8 @@ def input_key(job: str, batch: int) -> str:
 
 
 def progress_prefix(job: str, batch: int) -> str:
-    """Store prefix of a running batch's answered rows, spilled in chunks (workers/progress.py)."""
+    """Store prefix of a running batch's answered rows, spilled in chunks
+    (workers/delivery/progress.py)."""
     return f"jobs/{job}/progress/b{batch:06d}/"
 
 

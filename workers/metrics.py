@@ -15,7 +15,7 @@ number comes from a place that already exists or is cheap to keep:
 
 The collector reads them at scrape time. Redis keys (``{node}`` = Celery node name)::
 
-    fleet:node:{node}                  hash: output_tokens, rows (workers/jobstate.py)
+    fleet:node:{node}                  hash: output_tokens, rows (workers/delivery/jobstate.py)
     fleet:node:{node}:prompts          hash: ok, truncated, failed, quarantined -> rows
     fleet:node:{node}:batch_seconds    hash: <upper bound> -> batches, sum -> seconds
 """
@@ -40,7 +40,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.engine import EngineState
 from workers.gauges import EngineSample
 

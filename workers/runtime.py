@@ -23,19 +23,20 @@ from celery.worker import state as worker_state
 
 from config.launch_profile import LaunchProfile, load_profile
 from config.settings import Settings
-from workers import gpu_share, heartbeat, jobstate
+from workers import heartbeat
 from workers.batch_runner import handback_key
 from workers.context import WorkerIdentity
+from workers.delivery import gpu_share, jobstate
 from workers.delivery.gate import ConsumerGate
+from workers.delivery.lease import LeaseKeeper
 from workers.delivery.ownership import worker_prefix
+from workers.delivery.stall import StallWatch
 from workers.engine import Engine, EngineSpec
 from workers.errors import EngineStartFailed
 from workers.gauges import WorkerWatch
-from workers.lease import LeaseKeeper
 from workers.manifest import launch_digest
 from workers.metrics import Exporter, FleetCollector
 from workers.retry import RetryPolicy, backoff_s
-from workers.stall import StallWatch
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,9 @@ import redis
 from celery import bootsteps, signals
 
 from config.settings import load_settings
-from workers import context, lease
+from workers import context
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
+from workers.delivery import lease
 from workers.delivery.gate import ConsumerGate
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime

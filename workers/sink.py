@@ -43,11 +43,11 @@ import redis.asyncio as aioredis
 from celery import Task, current_app, shared_task
 
 from config.settings import Settings, load_settings
-from workers import jobstate
 from workers.celery_app import SINK_QUEUE
+from workers.delivery import jobstate
+from workers.delivery.lease import LeaseKeeper, index_key
 from workers.errors import FleetError, StoreError
 from workers.jobs import JobSpec, load_spec
-from workers.lease import LeaseKeeper, index_key
 from workers.manifest import (
     SCHEMA,
     ShardInfo,

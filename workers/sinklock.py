@@ -17,7 +17,7 @@ from types import TracebackType
 
 import redis
 
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.errors import FleetError
 
 log = logging.getLogger(__name__)

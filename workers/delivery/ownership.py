@@ -9,8 +9,8 @@ its claim right before it writes the result object, so a run that lost the batch
 one renewal period and never overwrites the new owner's work.
 
 The token reads ``node|worker pid|pool pid|random``: the worker's main process renews the
-broker lease of the deliveries its own pool owns (workers/lease.py), and a run that finds the
-batch held by a pool process of its own worker that is gone takes it over at once.
+broker lease of the deliveries its own pool owns (workers/delivery/lease.py), and a run that
+finds the batch held by a pool process of its own worker that is gone takes it over at once.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 import redis
 import redis.asyncio as aioredis
 
-from workers import jobstate
 from workers.aio import cancel_and_wait
+from workers.delivery import jobstate
 from workers.errors import FleetError
 
 _ZERO_COUNTS = """

@@ -23,9 +23,9 @@ import orjson
 import redis
 from celery import Celery
 
-from workers import jobstate, sink
+from workers import sink
 from workers.celery_app import SHARED_QUEUE
-from workers.delivery import ownership
+from workers.delivery import jobstate, ownership
 from workers.jobs import JobSpec, decode_rows, result_key
 from workers.store import Store
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import orjson
 import redis.asyncio as aioredis
 
-from workers import jobstate
+from workers.delivery import jobstate
 
 STALE_S = 3.0
 KEY_TTL_S = 30

@@ -19,7 +19,7 @@ Keys (``{j}`` = job name)::
     fleet:job:{j}:prog:{b}        hash row index -> result row (JSON), progress of batch b
     fleet:job:{j}:series:n|:tok   hash 10-s bucket (and bucket|node) -> rows / output tokens
     fleet:node:{node}             hash: rows, output_tokens over the worker's life (all jobs)
-    fleet:node:{node}:in_flight   hash batch -> its claim on the GPU (workers/gpu_share.py)
+    fleet:node:{node}:in_flight   hash batch -> its claim on the GPU (workers/delivery/gpu_share.py)
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from config.settings import Settings
-from workers import jobstate
 from workers.context import WorkerIdentity
+from workers.delivery import jobstate
 from workers.delivery.ownership import LostOwnership
 from workers.engine_client import Completion
 from workers.errors import StoreError

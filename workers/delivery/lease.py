@@ -32,7 +32,7 @@ import redis
 from celery.worker import state as worker_state
 from kombu.utils.json import dumps
 
-from workers import jobstate
+from workers.delivery import jobstate
 from workers.delivery.gate import ConsumerGate
 
 log = logging.getLogger(__name__)

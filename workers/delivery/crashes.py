@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from workers import jobstate
+from workers.delivery import jobstate
 
 
 class CrashTracker:
