@@ -12,7 +12,6 @@ from config.launch_profile import LaunchProfile
 from workers.tune.flags import apply_changes
 from workers.tune.levers import Situation, choose, running_cap_options
 from workers.tune.memory_model import MemoryModel
-from workers.tune.situation import kv_need_per_request
 from workers.tune.throughput import WORKLOAD, ThroughputModel
 
 
@@ -26,8 +25,11 @@ def tuner_profile(profile: LaunchProfile, model: MemoryModel, allow_lossy: bool 
         flags=dict(profile.flags),
         current_cap=now.cap,
         context_len=context_len,
-        kv_tokens_per_request=kv_need_per_request(context_len),
+        # No engine to read: every request assumed to run to the context, as
+        # situation.kv_need_per_request does without workload figures.
+        kv_tokens_per_request=context_len,
         cache_hit_rate=None,
+        prefill_share=None,
         fraction=now.plan.mem_fraction_static,
         extra_fraction=0.0,
         throughput=throughput,
