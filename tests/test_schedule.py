@@ -9,6 +9,7 @@ tests/chaos/). A failing schedule prints its steps and the command that replays 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -48,3 +49,28 @@ def test_a_seed_always_draws_the_same_schedule_within_the_model():
         assert kinds.count("freeze_worker") == kinds.count("thaw_worker")
         assert all(x.args["job"] == SIDE for x in s.steps if x.kind == "cancel")
         assert s.store == "s3" or "store_down" not in kinds
+
+
+SOAK_MINUTES = float(os.environ.get("FLEET_SOAK_MINUTES", "0"))
+
+
+@pytest.mark.timeout(int(SOAK_MINUTES * 60) + 900)
+def test_soak(fleet_env, moto_server, tmp_path):
+    if not SOAK_MINUTES:
+        pytest.skip("make soak (python -m tests.chaos.soak) runs this")
+    from tests.chaos.soak import summary
+
+    first = int(os.environ.get("FLEET_SOAK_FIRST_SEED", "0"))
+    start, outcomes = time.monotonic(), []
+    while time.monotonic() - start < SOAK_MINUTES * 60:
+        seed = first + len(outcomes)
+        out = run_schedule(make_schedule(seed), fleet_env, tmp_path / f"seed{seed}",
+                           moto_server)
+        outcomes.append(out)
+        print(f"seed {seed} ({out.schedule.store}, {out.faults} faults, {out.actions} actions, "
+              f"{out.seconds:.0f} s): " + ("ok" if out.ok else "FAILED"), flush=True)
+        if not out.ok:
+            print(out.report(), flush=True)
+    text = summary(outcomes, (time.monotonic() - start) / 60)
+    print(text)
+    assert all(o.ok for o in outcomes), text

@@ -17,8 +17,10 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,6 +110,36 @@ def signal_group(pid: int, sig: int) -> bool:
     return True
 
 
+class PortSquatter:
+    """Holds a TCP port so nothing else can listen on it; connections are closed at once (a
+    client sees a reset, as from an engine that is not there)."""
+
+    def __init__(self, port: int) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # despite TIME_WAIT
+        sock.bind(("127.0.0.1", port))  # OSError while someone listens there
+        sock.listen(16)
+        self._sock = sock
+        threading.Thread(target=self._refuse, name=f"squat-{port}", daemon=True).start()
+
+    def _refuse(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    def close(self) -> None:
+        """Let go of the port."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+
 def start_aof_redis(workdir: Path, port: int) -> RedisServer:
     """``redis-server`` with ``appendonly yes`` on ``port``: a restart reloads what it held."""
     binary = shutil.which("redis-server")
@@ -152,8 +184,9 @@ class Cluster:
     workers: dict[int, WorkerProcess] = field(default_factory=dict)
     sink: subprocess.Popen[bytes] | None = None
     frozen: set[int] = field(default_factory=set)
-    held_ports: dict[int, socket.socket] = field(default_factory=dict)
+    held_ports: dict[int, PortSquatter] = field(default_factory=dict)
     restarts: int = 0
+    store_cut: bool = False
     _dead_since: dict[int, float] = field(default_factory=dict)
 
     # --- lifecycle -------------------------------------------------------------------
@@ -178,10 +211,7 @@ class Cluster:
         cluster = cls(root=root, env=env, redis_server=server, gpus=gpus, moto=moto, proxy=proxy)
         for gpu in gpus:
             cluster.start_worker(gpu)
-        cluster.sink = subprocess.Popen(
-            sink_argv("sink@chaos"), env=env, cwd=ROOT, start_new_session=True,
-            stdout=(root / "logs" / "sink.log").open("ab"), stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
+        cluster.start_sink()
         wait_healthy(cluster.client(), list(cluster.workers.values()), timeout_s=120)
         return cluster
 
@@ -208,9 +238,18 @@ class Cluster:
         self.workers[gpu] = w
         return w
 
+    def start_sink(self) -> None:
+        """Start (or restart) the sink worker."""
+        self.sink = subprocess.Popen(
+            sink_argv("sink@chaos"), env=self.env, cwd=ROOT, start_new_session=True,
+            stdout=(self.root / "logs" / "sink.log").open("ab"), stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+
     def supervise(self) -> list[int]:
         """Restart, as systemd's ``Restart=always`` would, the workers that died at least
-        ``restart_delay_s`` ago; return their GPUs."""
+        ``restart_delay_s`` ago (and a dead sink worker at once); return their GPUs."""
+        if self.sink is not None and self.sink.poll() is not None:
+            self.start_sink()
         now, restarted = time.monotonic(), []
         for gpu, w in self.workers.items():
             if w.proc.poll() is None or gpu in self.frozen:
@@ -228,8 +267,23 @@ class Cluster:
         """End every lasting fault except engines blocked for good: thaw, store back up."""
         for gpu in sorted(self.frozen):
             self.thaw(gpu)
-        if self.proxy is not None and self.proxy._listener is None:
-            self.proxy.up()
+        self.restore_store()
+
+    def cut_store(self) -> bool:
+        """Take the proxy to the store down; False if there is none or it is down already."""
+        if self.proxy is None or self.store_cut:
+            return False
+        self.proxy.down()
+        self.store_cut = True
+        return True
+
+    def restore_store(self) -> bool:
+        """Bring the proxy to the store back; False if it was not down."""
+        if self.proxy is None or not self.store_cut:
+            return False
+        self.proxy.up()
+        self.store_cut = False
+        return True
 
     def thaw(self, gpu: int) -> None:
         """SIGCONT the worker's and its engine's process groups."""
@@ -252,8 +306,9 @@ class Cluster:
                 w.proc.send_signal(signal.SIGTERM)
         for w in self.workers.values():
             w.stop(grace_s=grace_s)
-        if self.sink is not None:
-            stop_process(self.sink, grace_s=grace_s)
+        sink, self.sink = self.sink, None  # no restart by the supervisor from here on
+        if sink is not None:
+            stop_process(sink, grace_s=grace_s)
 
     def engine_leftovers(self) -> list[Proc]:
         """Engines and guards of this cluster's ports still running."""
@@ -270,6 +325,6 @@ class Cluster:
             signal_pid(p.pid, signal.SIGKILL)
         for gpu in list(self.held_ports):
             self.release_port(gpu)
-        if self.proxy is not None:
+        if self.proxy is not None and not self.store_cut:
             self.proxy.down()
         self.redis_server.stop()

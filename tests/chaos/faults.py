@@ -8,12 +8,12 @@ so a schedule printed from its seed shows when each one ends.
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from collections.abc import Callable
 
 from tests.chaos.cluster import (
     Cluster,
+    PortSquatter,
     engine_procs,
     guard_procs,
     processes,
@@ -87,16 +87,13 @@ def block_engine(c: Cluster, gpu: int, timeout_s: float = 10.0) -> str:
         signal_pid(p.pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        sock = socket.socket()  # no SO_REUSEADDR: uvicorn's bind (which sets it) fails
         try:
-            sock.bind(("127.0.0.1", port))
+            c.held_ports[gpu] = PortSquatter(port)
         except OSError:
-            sock.close()
             for p in engine_procs(port):  # a restart beat us to it: kill it again
                 signal_pid(p.pid, signal.SIGKILL)
             time.sleep(0.05)
             continue
-        c.held_ports[gpu] = sock
         return f"engine of gpu{gpu} killed and its port {port} held: restarts fail"
     return f"skipped: port {port} of gpu{gpu} never came free"
 
@@ -137,18 +134,15 @@ def lose_queues(c: Cluster) -> str:
 
 def store_down(c: Cluster) -> str:
     """Cut the fleet off from the store (the proxy refuses and drops every connection)."""
-    if c.proxy is None:
-        return "skipped: local store"
-    c.proxy.down()
+    if not c.cut_store():
+        return "skipped: local store or already cut off"
     return "store cut off"
 
 
 def store_up(c: Cluster) -> str:
     """Let the fleet reach the store again."""
-    if c.proxy is None:
-        return "skipped: local store"
-    if c.proxy._listener is None:
-        c.proxy.up()
+    if not c.restore_store():
+        return "skipped: the store was not cut off"
     return "store reachable again"
 
 

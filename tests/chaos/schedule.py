@@ -27,7 +27,7 @@ import redis
 
 from tests.chaos import actions, faults, invariants
 from tests.chaos.cluster import Cluster
-from tests.conftest import run_producer, wait_done, write_prompts
+from tests.conftest import run_producer, write_prompts
 
 if TYPE_CHECKING:
     from tests.s3fixture import MotoServer
@@ -55,7 +55,10 @@ class Shape:
     max_steps: int = 8
     lease_s: int = 4  # FLEET_VISIBILITY_TIMEOUT_S
     settle_s: float = 6.0
-    done_timeout_s: float = 150.0
+    done_timeout_s: float = 180.0
+    # No counter of a job moved for this long after the remedy: the job is stuck. The engine
+    # wait (FLEET_ENGINE_WAIT_S) plus the lease plus margin.
+    stall_s: float = 45.0
     manifest_wait_s: float = 30.0
 
     def worker_env(self) -> dict[str, str]:
@@ -345,29 +348,58 @@ def _remedy(cluster: Cluster, inputs: dict[str, Path], out: Outcome) -> list[str
     the jobs that did not finish."""
     unfinished = []
     for job, path in inputs.items():
+        stuck = invariants.stranded(cluster, job)
+        if stuck:
+            out.log.append(f"before the remedy: {job} batches pending with no message and no "
+                           f"live holder: {stuck}")
         state = _job_state(cluster, job)
         if state in ("paused", "cancelled"):
             out.log.append(f"remedy: {job} was {state}: {actions.resume(cluster, inputs, job)}")
         res = run_producer(cluster.env, "enqueue", str(path), "--job", job, timeout_s=120)
         out.log.append(f"remedy: enqueue {job} rc={res.returncode}: "
                        f"{res.stderr.strip().splitlines()[-1:]}")
-    for job in inputs:
-        try:
-            wait_done(cluster.env, job, timeout_s=cluster_timeout(out.schedule))
-        except AssertionError as exc:
-            unfinished.append(job)
-            out.violations.append(f"{job}: not done {cluster_timeout(out.schedule):.0f} s "
-                                  f"after the remedy: {str(exc)[:300]}")
-            stuck = invariants.stranded(cluster, job)
-            if stuck:
-                out.violations.append(f"{job}: batches pending with no message and no live "
-                                      f"holder: {stuck}")
+    for job in _wait_all_done(cluster, list(inputs), out.schedule.shape, out):
+        unfinished.append(job)
+        stuck = invariants.stranded(cluster, job)
+        if stuck:
+            out.violations.append(f"{job}: batches pending with no message and no live "
+                                  f"holder: {stuck}")
     return unfinished
 
 
-def cluster_timeout(schedule: Schedule) -> float:
-    """How long the remedy may take before the job counts as stuck."""
-    return schedule.shape.done_timeout_s
+def _progress(cluster: Cluster, job: str) -> tuple[Any, ...] | None:
+    """(done, completed, failed, done_batches) from ``status --json``; None if it failed."""
+    res = run_producer(cluster.env, "status", "--job", job, "--json")
+    if res.returncode != 0:
+        return None
+    st = orjson.loads(res.stdout)
+    return st["done"], st["completed"], st["failed"], st["done_batches"]
+
+
+def _wait_all_done(cluster: Cluster, jobs: list[str], shape: Shape, out: Outcome) -> list[str]:
+    """Poll until every job is done; a job whose counters stand still for ``stall_s`` (or that
+    is not done after ``done_timeout_s``) is given up on. Returns the jobs not done."""
+    start = time.monotonic()
+    last: dict[str, tuple[Any, ...] | None] = dict.fromkeys(jobs)
+    moved = dict.fromkeys(jobs, start)
+    waiting = list(jobs)
+    while waiting:
+        now = time.monotonic()
+        for job in list(waiting):
+            seen = _progress(cluster, job)
+            if seen is not None and seen[0]:
+                waiting.remove(job)
+                continue
+            if seen != last[job]:
+                last[job], moved[job] = seen, now
+            if now - moved[job] > shape.stall_s or now - start > shape.done_timeout_s:
+                waiting.remove(job)
+                out.violations.append(
+                    f"{job}: not done after the remedy: no progress for {now - moved[job]:.0f} s"
+                    f" ({now - start:.0f} s in all); last status (done, completed, failed, "
+                    f"done_batches) = {seen}")
+        time.sleep(1.0)
+    return [j for j in jobs if any(v.startswith(f"{j}: not done") for v in out.violations)]
 
 
 def _quiesce(cluster: Cluster, jobs: list[str], timeout_s: float = 30.0) -> None:
