@@ -17,11 +17,24 @@ from tests.chaos.schedule import SIDE, make_schedule, run_schedule
 
 pytest_plugins = ["tests.s3fixture"]
 
-CI_SEEDS = [1, 2]
+# One schedule on the local store, one on S3 through the proxy (store outage included).
+CI_SEEDS = [20, 9]
+# Seeds that fail on the delivery code of today, with the finding of issue 12 that makes them
+# fail; remove an entry once its fix lands (the schedule must then pass).
+KNOWN_FAILING: dict[int, str] = {
+    9: "issue 12 finding 2: a result object deleted by hand is re-sent by enqueue, skipped by "
+       "the task as already done, and stays pending forever (verify: 10 missing)",
+}
+
+
+def _ci_seed(seed: int) -> object:
+    if seed in KNOWN_FAILING:
+        return pytest.param(seed, marks=pytest.mark.xfail(reason=KNOWN_FAILING[seed]))
+    return seed
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("seed", CI_SEEDS)
+@pytest.mark.parametrize("seed", [_ci_seed(s) for s in CI_SEEDS])
 def test_schedule(seed, fleet_env, moto_server, tmp_path):
     out = run_schedule(make_schedule(seed), fleet_env, tmp_path, moto_server)
     print(out.report())

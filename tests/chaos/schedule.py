@@ -449,11 +449,11 @@ def run_schedule(schedule: Schedule, base_env: dict[str, str], root: Path,
     supervisor = None
     try:
         inputs = _inputs(root, shape)
-        t0 = time.monotonic()
         for job, path in inputs.items():
             res = run_producer(cluster.env, "enqueue", str(path), "--job", job, "--batch-size",
                                str(shape.batch_size))
             assert res.returncode == 0, res.stderr
+        t0 = time.monotonic()  # the main job's batches were sent when its enqueue ended
         n_batches = {MAIN: -(-(shape.prompts + shape.too_long) // shape.batch_size),
                      SIDE: -(-shape.side_prompts // shape.batch_size)}
         supervisor = Supervisor(cluster, lock, out.log, t0, n_batches)

@@ -40,8 +40,9 @@ def summary(outcomes: Iterable[Outcome], minutes: float) -> str:
         f"  failing schedules: {len(failed)}",
     ]
     for o in failed:
-        lines.append(f"    seed {o.schedule.seed} ({o.schedule.store}): {o.violations[0]}"
-                     + (f" (+{len(o.violations) - 1} more)" if len(o.violations) > 1 else ""))
+        lines.append(f"    seed {o.schedule.seed} ({o.schedule.store}): "
+                     + " ".join(s.kind for s in o.schedule.steps))
+        lines += [f"      {v[:200]}" for v in o.violations]
         lines.append(f"      replay: {o.replay()}")
     return "\n".join(lines)
 
