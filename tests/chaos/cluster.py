@@ -209,10 +209,14 @@ class Cluster:
                         "FLEET_S3_ENDPOINT_URL": proxy.url})
             os.environ.update(AWS_ENV)  # moto's fake credentials, for this process's own reads
         cluster = cls(root=root, env=env, redis_server=server, gpus=gpus, moto=moto, proxy=proxy)
-        for gpu in gpus:
-            cluster.start_worker(gpu)
-        cluster.start_sink()
-        wait_healthy(cluster.client(), list(cluster.workers.values()), timeout_s=120)
+        try:
+            for gpu in gpus:
+                cluster.start_worker(gpu)
+            cluster.start_sink()
+            wait_healthy(cluster.client(), list(cluster.workers.values()), timeout_s=120)
+        except BaseException:
+            cluster.teardown()
+            raise
         return cluster
 
     def client(self) -> redis.Redis:

@@ -106,17 +106,25 @@ def messages(client: redis.Redis) -> Counter[tuple[str, int]]:
     return found
 
 
-def stranded(c: Cluster, job: str) -> list[int]:
-    """Batches ``pending`` in Redis with no message anywhere and no live holder: nothing will
-    ever run them unless someone resends them."""
+def _held(client: redis.Redis, job: str, batch: int) -> bool:
+    """Whether a live run holds ``batch``: a fencing-token key (``owner:{b}``, which expires
+    unless renewed), or a ``running`` entry naming a worker whose heartbeat is alive."""
+    if client.exists(f"fleet:job:{job}:owner:{batch}"):
+        return True
+    node = client.hget(f"fleet:job:{job}:running", batch)
+    return node is not None and bool(client.exists(heartbeat_key(node.decode())))
+
+
+def stranded(c: Cluster, job: str, n_batches: int) -> list[int]:
+    """Batches the store does not hold that have no message anywhere (queue lists, kombu's
+    ``unacked`` hash) and no live holder: nothing will ever run them unless someone resends
+    them. Derived from the store, not from Redis's own idea of what is pending."""
+    have = set(stored_rows(c.store(), job))
     client = c.client()
     try:
-        pending = sorted(int(b) for b in client.smembers(f"fleet:job:{job}:pending"))
-        running = {int(b): n.decode() for b, n in
-                   client.hgetall(f"fleet:job:{job}:running").items()}
         held = messages(client)
-        return [b for b in pending if not held[(job, b)]
-                and not (b in running and client.exists(heartbeat_key(running[b])))]
+        return [b for b in range(n_batches)
+                if b not in have and not held[(job, b)] and not _held(client, job, b)]
     finally:
         client.close()
 

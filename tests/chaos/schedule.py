@@ -61,6 +61,11 @@ class Shape:
     stall_s: float = 45.0
     manifest_wait_s: float = 30.0
 
+    def n_batches(self) -> dict[str, int]:
+        """Batches of each job."""
+        return {MAIN: -(-(self.prompts + self.too_long) // self.batch_size),
+                SIDE: -(-self.side_prompts // self.batch_size)}
+
     def worker_env(self) -> dict[str, str]:
         """Fleet settings of the workers: a short lease, quick engine and store retries."""
         return {
@@ -346,13 +351,13 @@ def _job_state(cluster: Cluster, job: str) -> str:
 def _remedy(cluster: Cluster, inputs: dict[str, Path], out: Outcome) -> list[str]:
     """Resume what is paused or cancelled, enqueue every job again, wait until done; return
     the jobs that did not finish."""
-    unfinished = []
+    unfinished, n_batches = [], out.schedule.shape.n_batches()
     for job, path in inputs.items():
-        stuck = invariants.stranded(cluster, job)
-        if stuck:
-            out.log.append(f"before the remedy: {job} batches pending with no message and no "
-                           f"live holder: {stuck}")
         state = _job_state(cluster, job)
+        stuck = invariants.stranded(cluster, job, n_batches[job])
+        if stuck:
+            out.log.append(f"before the remedy: {job} ({state}) batches not stored with no "
+                           f"message and no live holder: {stuck}")
         if state in ("paused", "cancelled"):
             out.log.append(f"remedy: {job} was {state}: {actions.resume(cluster, inputs, job)}")
         res = run_producer(cluster.env, "enqueue", str(path), "--job", job, timeout_s=120)
@@ -360,19 +365,24 @@ def _remedy(cluster: Cluster, inputs: dict[str, Path], out: Outcome) -> list[str
                        f"{res.stderr.strip().splitlines()[-1:]}")
     for job in _wait_all_done(cluster, list(inputs), out.schedule.shape, out):
         unfinished.append(job)
-        stuck = invariants.stranded(cluster, job)
+        stuck = invariants.stranded(cluster, job, n_batches[job])
         if stuck:
-            out.violations.append(f"{job}: batches pending with no message and no live "
+            out.violations.append(f"{job}: batches not stored with no message and no live "
                                   f"holder: {stuck}")
     return unfinished
 
 
+def _status(cluster: Cluster, job: str) -> dict[str, Any] | None:
+    """``status --json`` of ``job``; None if the command failed."""
+    res = run_producer(cluster.env, "status", "--job", job, "--json")
+    return orjson.loads(res.stdout) if res.returncode == 0 else None
+
+
 def _progress(cluster: Cluster, job: str) -> tuple[Any, ...] | None:
     """(done, completed, failed, done_batches) from ``status --json``; None if it failed."""
-    res = run_producer(cluster.env, "status", "--job", job, "--json")
-    if res.returncode != 0:
+    st = _status(cluster, job)
+    if st is None:
         return None
-    st = orjson.loads(res.stdout)
     return st["done"], st["completed"], st["failed"], st["done_batches"]
 
 
@@ -403,21 +413,19 @@ def _wait_all_done(cluster: Cluster, jobs: list[str], shape: Shape, out: Outcome
 
 
 def _quiesce(cluster: Cluster, jobs: list[str], timeout_s: float = 30.0) -> None:
-    """Wait until no batch of ``jobs`` is marked running (late runs have finished)."""
+    """Wait until ``status`` shows no batch of ``jobs`` in flight (late runs have finished)."""
     deadline = time.monotonic() + timeout_s
-    client = cluster.client()
-    try:
-        while time.monotonic() < deadline:
-            if not any(client.hlen(f"fleet:job:{j}:running") for j in jobs):
-                return
-            time.sleep(0.5)
-    finally:
-        client.close()
+    while time.monotonic() < deadline:
+        busy = [j for j in jobs if (st := _status(cluster, j)) is None
+                or st.get("in_flight_batches")]
+        if not busy:
+            return
+        time.sleep(0.5)
 
 
 def _check(cluster: Cluster, schedule: Schedule, inputs: dict[str, Path], out: Outcome,
            unfinished: list[str]) -> None:
-    store = cluster.store()
+    store, n_batches = cluster.store(), schedule.shape.n_batches()
     for job in inputs:
         viol, report = invariants.check_verify(cluster, job)
         out.violations += viol
@@ -425,16 +433,16 @@ def _check(cluster: Cluster, schedule: Schedule, inputs: dict[str, Path], out: O
         out.lost += int(report.get("missing", 0))
         out.duplicated += int(report.get("duplicates", 0))
         rows = invariants.stored_rows(store, job)
-        n_batches = -(-int(report.get("expected", 0)) // schedule.shape.batch_size)
-        out.violations += invariants.check_counters(cluster, job, rows, n_batches)
-        if job not in unfinished:
-            stuck = invariants.stranded(cluster, job)
-            if stuck:
-                out.violations.append(f"{job}: batches pending with no message and no live "
-                                      f"holder after done: {stuck}")
-            if not viol:
-                out.violations += invariants.check_manifest(cluster, job, rows,
-                                                            schedule.shape.manifest_wait_s)
+        out.violations += invariants.check_counters(cluster, job, rows, n_batches[job])
+        if job in unfinished:
+            continue
+        stuck = invariants.stranded(cluster, job, n_batches[job])
+        if stuck:
+            out.violations.append(f"{job}: done, yet batches not stored with no message and "
+                                  f"no live holder: {stuck}")
+        if not viol:
+            out.violations += invariants.check_manifest(cluster, job, rows,
+                                                        schedule.shape.manifest_wait_s)
 
 
 def run_schedule(schedule: Schedule, base_env: dict[str, str], root: Path,
@@ -454,9 +462,7 @@ def run_schedule(schedule: Schedule, base_env: dict[str, str], root: Path,
                                str(shape.batch_size))
             assert res.returncode == 0, res.stderr
         t0 = time.monotonic()  # the main job's batches were sent when its enqueue ended
-        n_batches = {MAIN: -(-(shape.prompts + shape.too_long) // shape.batch_size),
-                     SIDE: -(-shape.side_prompts // shape.batch_size)}
-        supervisor = Supervisor(cluster, lock, out.log, t0, n_batches)
+        supervisor = Supervisor(cluster, lock, out.log, t0, shape.n_batches())
         supervisor.start()
         _play(schedule, cluster, inputs, out, lock, t0)
         with lock:
