@@ -14,6 +14,7 @@ pool child a child of the worker's main process (prefork children are forks: sam
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -140,6 +141,20 @@ class PortSquatter:
         self._sock.close()
 
 
+def port_outside_ephemeral_range(low: int = 20000) -> int:
+    """A free port below the kernel's ephemeral range (never picked for outgoing sockets)."""
+    first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(low, max(first, low + 1000))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 def start_aof_redis(workdir: Path, port: int) -> RedisServer:
     """``redis-server`` with ``appendonly yes`` on ``port``: a restart reloads what it held."""
     binary = shutil.which("redis-server")
@@ -205,6 +220,11 @@ class Cluster:
             bucket = f"chaos-{uuid.uuid4().hex[:12]}"
             moto.client().create_bucket(Bucket=bucket)
             proxy = TcpProxy(moto.port)
+            # While the store is cut off the proxy's port is free; outside the ephemeral range
+            # no outgoing connection of this machine can take it meanwhile.
+            proxy.down()
+            proxy.port = port_outside_ephemeral_range()
+            proxy.up()
             env.update({**AWS_ENV, "FLEET_STORE_URL": f"s3://{bucket}/runs",
                         "FLEET_S3_ENDPOINT_URL": proxy.url})
             os.environ.update(AWS_ENV)  # moto's fake credentials, for this process's own reads
@@ -285,7 +305,15 @@ class Cluster:
         """Bring the proxy to the store back; False if it was not down."""
         if self.proxy is None or not self.store_cut:
             return False
-        self.proxy.up()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.proxy.up()
+                break
+            except OSError:  # the port is taken for a moment: the outage lasts a bit longer
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         self.store_cut = False
         return True
 

@@ -149,7 +149,7 @@ def _kill_engine(rng: random.Random, t: float, d: _Draft) -> None:
 def _freeze(rng: random.Random, t: float, d: _Draft) -> None:
     gpu = d.gpu(rng)
     d.add(t, "freeze_worker", gpu=gpu, with_engine=rng.random() < 0.5)
-    d.add(t + d.shape.lease_s + rng.uniform(2, 6), "thaw_worker", gpu=gpu)
+    d.add(t + d.shape.lease_s + rng.uniform(3, 9), "thaw_worker", gpu=gpu)
 
 
 def _block_engine(rng: random.Random, t: float, d: _Draft) -> None:
