@@ -5,8 +5,10 @@ PIP := $(PY) -m pip
 # GPU workers of `make fleet` / `make compose`, and seconds between two engines' first starts.
 GPUS ?= 7
 STAGGER ?= 30
+# Minutes `make soak` keeps running fault-and-operator schedules (tests/chaos/).
+SOAK_MINUTES ?= 30
 
-.PHONY: install lock redis-bin chromium-bin demo test lint bench fleet compose procfile clean
+.PHONY: install lock redis-bin chromium-bin demo test lint bench soak fleet compose procfile clean
 
 # Exact versions with hashes from requirements.lock, then the project itself without
 # resolving anything again.
@@ -52,6 +54,11 @@ lint: install
 
 bench: install redis-bin
 	$(PY) -m bench.run_all
+
+# Seeded schedules of faults and operator actions against a local fleet, one after another for
+# SOAK_MINUTES; prints schedules, faults, actions, prompts, lost, duplicated and failing seeds.
+soak: install redis-bin
+	$(PY) -m tests.chaos.soak --minutes $(SOAK_MINUTES)
 
 # Without containers: redis, flower, sink and GPUS workers under honcho (reads .env), from a
 # Procfile generated into .fleet/ (the committed Procfile is the same for GPUS=7).
