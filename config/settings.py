@@ -173,6 +173,9 @@ class Settings(BaseSettings):
     redis_socket_timeout_s: float = 5.0
     # No lease renewal for this long: the worker stops taking batches until renewals work.
     lease_watchdog_s: float = 15.0
+    # One worker of the fleet resends lost batches of running jobs this often (a batch lost in
+    # two rounds in a row, workers/delivery/janitor.py); 0 turns it off.
+    reconcile_interval_s: float = 60.0
     task_time_limit_s: int = 6 * 3600
     heartbeat_interval_s: float = 5.0
 

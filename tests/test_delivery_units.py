@@ -328,3 +328,28 @@ def test_supported_delivery_libraries_are_pinned() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_janitor_resends_a_batch_lost_in_two_rounds_and_leaves_the_rest(
+        r: redis.Redis, redis_server, tmp_path: Path) -> None:
+    from config.settings import Settings
+    from workers.celery_app import make_app
+    from workers.delivery.janitor import Janitor
+    from workers.jobs import JobSpec
+
+    store = open_store(tmp_path.as_uri(), None)
+    app = make_app(Settings(redis_url=redis_server.url))
+    spec = JobSpec(name="jan", total=30, batch_size=10, n_batches=3, input_path="x",
+                   input_fingerprint="f")
+    jobstate.register_job(r, "jan", spec.model_dump_json())
+    store.put(result_key("jan", 0), encode_rows([_row("jan", 0, 0)], compress=False))
+    r.sadd(jobstate.Keys("jan").done, 0)
+    whereabouts.resend(r, app, spec, [1])  # batch 1 has a message; batch 2 has nothing
+    janitor = Janitor(app, store, r, "gpu0@t", 60)
+    assert janitor.round() == {}  # seen lost once: maybe a message in flight
+    assert janitor.round() == {"jan": [2]}
+    assert whereabouts.queued_batches(r, "jan") == {1, 2}
+    assert janitor.round() == {}
+    r.hset(jobstate.Keys("jan").job, "state", "paused")
+    r.delete("gpu")
+    assert janitor.round() == {} and janitor.round() == {}  # a paused job is left alone

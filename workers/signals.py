@@ -14,18 +14,21 @@ import logging
 import redis
 from celery import bootsteps, signals
 
-from config.settings import load_settings
+from config.settings import Settings, load_settings
 from workers import context
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
 from workers.delivery import lease
 from workers.delivery.gate import ConsumerGate
+from workers.delivery.janitor import Janitor
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
+from workers.store import open_store
 from workers.tasks import redis_options
 
 log = logging.getLogger(__name__)
 
 _runtime: WorkerRuntime | None = None
+_janitor: Janitor | None = None
 
 
 def current_runtime() -> WorkerRuntime | None:
@@ -82,11 +85,22 @@ class EngineStep(bootsteps.StartStopStep):
                                  gate=gate, unacked_key=lease.unacked_key(app))
         atexit.register(_runtime.stop)
         _runtime.start()
+        _start_janitor(app, settings, client)
 
     def info(self, worker: object) -> dict[str, object]:
         """GPU, engine state, running/cap, queue, tokens/s for ``inspect stats`` (Flower)."""
         return worker_info(_runtime.heartbeat_payload()) if _runtime is not None else {}
 
+
+
+def _start_janitor(app: object, settings: Settings, client: redis.Redis) -> None:
+    global _janitor
+    if settings.reconcile_interval_s <= 0:
+        return
+    _janitor = Janitor(app, open_store(settings.store_url, settings.s3), client,
+                       context.identity().node, settings.reconcile_interval_s,
+                       lease.unacked_key(app))
+    _janitor.start()
 
 
 @signals.worker_shutting_down.connect
@@ -98,5 +112,7 @@ def _on_worker_shutting_down(**_: object) -> None:
 
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_: object) -> None:
+    if _janitor is not None:
+        _janitor.stop()
     if _runtime is not None:
         _runtime.stop()

@@ -71,6 +71,7 @@ class Shape:
         return {
             "FLEET_VISIBILITY_TIMEOUT_S": str(self.lease_s), "FLEET_LEASE_RENEW_S": "1",
             "FLEET_SWEEP_INTERVAL_S": "1", "FLEET_ENGINE_WAIT_S": "15",
+            "FLEET_RECONCILE_INTERVAL_S": "5",
             "FLEET_ENGINE_STOP_GRACE_S": "2", "FLEET_ENGINE_START_TIMEOUT_S": "30",
             "FLEET_STORE_RETRY_MAX_S": "2", "FLEET_STORE_RETRY_ATTEMPTS": "30",
             "FLEET_RETRY_BASE_S": "0.2", "FLEET_RETRY_MAX_S": "2",

@@ -132,28 +132,32 @@ class ReconcileReport:
     already_done: int = 0
     already_pending: int = 0
     enqueued: int = 0
-    reopened: int = 0
+
+
+def resend(r: redis.Redis, app: Celery, spec: JobSpec, batches: list[int]) -> int:
+    """Send ``batches`` (found lost: not stored, no message, no live owner), dropping a done
+    mark the store contradicts first; return how many were sent."""
+    done = {int(b) for b in r.smembers(jobstate.Keys(spec.name).done)}
+    with app.producer_or_acquire() as producer:
+        for b in batches:
+            if b in done:  # the store lost the result: the done mark lies
+                ownership.reopen(r, spec.name, b)
+            app.send_task(BATCH_TASK, args=[spec.name, b], queue=SHARED_QUEUE,
+                          producer=producer)
+    return len(batches)
 
 
 def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
               unacked_key: str = "unacked") -> ReconcileReport:
     """Send every batch that is not stored and has no message and no live holder."""
-    keys = jobstate.Keys(spec.name)
     where = locate(store, r, spec.name, unacked_key)
-    done = {int(b) for b in r.smembers(keys.done)}
+    done = {int(b) for b in r.smembers(jobstate.Keys(spec.name).done)}
     report = ReconcileReport()
-    with app.producer_or_acquire() as producer:
-        for b in range(spec.n_batches):
-            if b in where.stored:
-                if b not in done:
-                    count_stored(store, r, spec.name, b)
-                report.already_done += 1
-            elif where.has_message_or_holder(b):
-                report.already_pending += 1
-            else:
-                if b in done:  # the store lost the result: the done mark lies
-                    report.reopened += ownership.reopen(r, spec.name, b)
-                app.send_task(BATCH_TASK, args=[spec.name, b], queue=SHARED_QUEUE,
-                              producer=producer)
-                report.enqueued += 1
+    for b in sorted(where.stored):
+        if b < spec.n_batches and b not in done:
+            count_stored(store, r, spec.name, b)
+    report.already_done = sum(b in where.stored for b in range(spec.n_batches))
+    report.already_pending = sum(b not in where.stored and where.has_message_or_holder(b)
+                                 for b in range(spec.n_batches))
+    report.enqueued = resend(r, app, spec, where.lost(range(spec.n_batches)))
     return report
