@@ -38,7 +38,7 @@ from producer.localfleet import (
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = "qwen36-27b"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-# The workload (shared/facts/workload.md): mean output ~2,490 tokens, long tail up to the
+# The workload (README, "The workload"): mean output ~2,490 tokens, long tail up to the
 # context (8,192); jobs are run with --max-new-tokens 7000 (README), the sim's default sigma.
 WORKLOAD_MEAN_TOKENS = 2490
 WORKLOAD_MAX_NEW_TOKENS = 7000

@@ -1,6 +1,6 @@
 """The baseline: a plain asyncio client that keeps a fixed number of requests in flight per server.
 
-This is what the original run used (shared/facts/workload.md): one async loop per SGLang
+This is what the original run used (README): one async loop per SGLang
 server, 48 (later 96) chat requests in flight each, no queue, no durability. Prompts come from
 one shared iterator, so no server idles while another still has a backlog. Each in-flight slot
 owns one keep-alive HTTP/1.1 connection written with asyncio streams: a client this lean is
