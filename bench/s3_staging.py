@@ -7,13 +7,17 @@ trip, as against a real bucket. ``python -m producer enqueue`` is timed as a use
 (process start, read, fingerprint, gzip, PUTs, job record, messages), with the store URL
 ``s3://bench/runs`` and the endpoint at the proxy. The same file is also staged into a local
 folder in the same run, so the S3 figure can be read against the local one on this machine.
+Then the first ``--compare-prompts`` prompts are staged in-process through the same proxy twice,
+with one PUT at a time (the writer before issue 14) and with PARALLEL_PUTS: the writer's own
+gain, in one run.
 
-    python -m bench.s3_staging [--prompts 1000000] [--latency-ms 20]
+    python -m bench.s3_staging [--prompts 1000000] [--latency-ms 20] [--compare-prompts 100000]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import socket
@@ -22,11 +26,15 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from bench.common import Goal, local_fleet, note, verdict, write_chat_prompts
-from producer.enqueue import PARALLEL_PUTS
+from producer.enqueue import PARALLEL_PUTS, BatchWriter, EnqueueReport, stage
 from producer.localfleet import free_port
+from producer.readers import read_rows
 from tests.tcpproxy import TcpProxy
+from workers.jobs import JobSpec
+from workers.store import open_store
 
 GOAL_S = 60.0
 PROMPT_BYTES = 1024
@@ -84,11 +92,24 @@ def moto_server(log_path: str) -> Iterator[int]:
             proc.wait(timeout=20)
 
 
+def staging_s(store_url: str, path: Path, rows: int, parallel: int) -> float:
+    """Seconds to stage the first ``rows`` prompts of ``path`` with ``parallel`` PUTs."""
+    store = open_store(store_url)
+    spec = JobSpec(name="cmp", total=0, batch_size=500, n_batches=0, input_path=str(path),
+                   input_fingerprint="")
+    t0 = time.monotonic()
+    stage(store, f"cmp{parallel}", itertools.islice(read_rows(path), rows), 500,
+          EnqueueReport(spec=spec, created=True), skip_existing=False,
+          writer=BatchWriter(store, parallel=parallel))
+    return time.monotonic() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit status 1 when the goal is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--prompts", type=int, default=1_000_000)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--compare-prompts", type=int, default=100_000)
     args = parser.parse_args(argv)
     import boto3
 
@@ -112,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
              f"{PARALLEL_PUTS} PUTs in flight): {s3_s:.1f} s; "
              f"{res.stderr.strip().splitlines()[-1]}; S3 / local folder x{s3_s / local_s:.2f} "
              "(the local figure says how loaded the machine is)")
+        if args.compare_prompts:
+            os.environ.update({**AWS_ENV, "FLEET_S3_ENDPOINT_URL": proxy.url})
+            n = min(args.compare_prompts, args.prompts)
+            one = staging_s("s3://bench/cmp", path, n, 1)
+            many = staging_s("s3://bench/cmp", path, n, PARALLEL_PUTS)
+            note(f"staging {n:,} prompts in-process through the proxy: one PUT at a time "
+                 f"{one:.1f} s, {PARALLEL_PUTS} at a time {many:.1f} s (x{one / many:.2f})")
         proxy.down()
     return verdict("bench.s3_staging (finding 2)", [
         Goal(f"enqueue of {args.prompts:,} prompts of 1 KB into S3 "
