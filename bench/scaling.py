@@ -19,13 +19,14 @@ and the plain client get different lengths for the same prompt (same distributio
 draws); the plain client's figure is the mean of that distribution's draws too.
 
 Full size (issue 14): ``--batches-per-gpu 20 --batch-size 500`` (10,000 prompts per GPU, 70,000
-at 7 GPUs: about 26 minutes per size and client on this machine at 45 requests/s). The default
-is scaled down to batches of 40 (800 prompts per GPU) so the benchmark takes about 6 minutes;
-the tail is about a fixed number of request lengths, so its share shrinks about as 1 / batch
-size (see bench/README.md).
+at 7 GPUs: about 15 minutes per size and client on this machine at 80 requests/s). The default
+is scaled down to batches of 100 (2,000 prompts per GPU; the plain client runs at the smallest
+and the largest size only) so the benchmark takes about 10 minutes; the tail is about a fixed
+number of request lengths, so its share shrinks about as 1 / batch size (see bench/README.md).
+Batches much smaller than that (40, the engine's cap) starve the engines between batches.
 
-    python -m bench.scaling [--sizes 1 2 4 7] [--batches-per-gpu 20] [--batch-size 40]
-                            [--requests-per-s 60] [--no-plain]
+    python -m bench.scaling [--sizes 1 2 4 7] [--batches-per-gpu 20] [--batch-size 100]
+                            [--requests-per-s 80] [--plain-sizes 1 7]
 """
 
 from __future__ import annotations
@@ -120,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 7])
     parser.add_argument("--batches-per-gpu", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=40)
-    parser.add_argument("--requests-per-s", type=float, default=60.0)
-    parser.add_argument("--no-plain", action="store_true",
-                        help="skip the plain client's run at each size")
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--requests-per-s", type=float, default=80.0)
+    parser.add_argument("--plain-sizes", type=int, nargs="*", default=[1, 7],
+                        help="sizes at which the plain client runs too (none: never)")
     args = parser.parse_args(argv)
     per_gpu = args.batches_per_gpu * args.batch_size
-    results = [measure(n, per_gpu, args.batch_size, args.requests_per_s, not args.no_plain)
+    results = [measure(n, per_gpu, args.batch_size, args.requests_per_s, n in args.plain_sizes)
                for n in sorted(args.sizes)]
     return verdict("bench.scaling (goal 5; issue 14 finding 3)", goals(results))
 

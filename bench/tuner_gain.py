@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         res = subprocess.run(
             [sys.executable, "-m", "workers.tune", "auto", "--canary", "gpu0", "--window-s", "3",
              "--settle-timeout-s", "30", "--restart-timeout-s", "60",
-             "--max-trials", str(MAX_TRIALS)],
+             "--max-trials", str(MAX_TRIALS), "--json"],
             env=fleet.env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
             print(res.stderr[-2000:], file=sys.stderr)
