@@ -21,9 +21,10 @@ draws); the plain client's figure is the mean of that distribution's draws too.
 Full size (issue 14): ``--batches-per-gpu 20 --batch-size 500`` (10,000 prompts per GPU, 70,000
 at 7 GPUs: about 15 minutes per size and client on this machine at 80 requests/s). The default
 is scaled down to batches of 100 (2,000 prompts per GPU; the plain client runs at the smallest
-and the largest size only) so the benchmark takes about 10 minutes; the tail is about a fixed
-number of request lengths, so its share shrinks about as 1 / batch size (see bench/README.md).
-Batches much smaller than that (40, the engine's cap) starve the engines between batches.
+and the largest size only) so the benchmark takes about 10 minutes. The tail is mostly the
+GPUs finishing their last batches up to a batch apart, so its share depends on the batches per
+GPU more than on their size (see bench/README.md). Batches much smaller than 100 (40, the
+engine's cap) starve the engines between batches at this sped-up clock.
 
     python -m bench.scaling [--sizes 1 2 4 7] [--batches-per-gpu 20] [--batch-size 100]
                             [--requests-per-s 80] [--plain-sizes 1 7]
