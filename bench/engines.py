@@ -1,8 +1,11 @@
 """The engine-side view of a run: the ideal bound, busy running slots over time, token counters.
 
 Occupancy is read from the engines, not from the client (docs/design.md): ``/v1/loads``
-``num_running_reqs / max_running_requests`` sampled on every engine, averaged from the first
-request until the last batch of the job has been taken from the queue. The ideal bound is the
+``num_running_reqs / max_running_requests`` sampled on every engine, averaged over a window:
+the backlog window (from the first request until the last batch of the job has been taken from
+the queue) or the whole job (until the last batch is done). Every window starts at the first
+sample that sees a running request, and the engines' decode-token counter is read in that same
+sample, so no token decoded before the window's start is counted. The ideal bound is the
 simulator's own throughput model (:mod:`workers.sim.engine`): every engine at its running cap,
 ``cap * accept_length`` tokens per step of ``step_ms(cap)`` milliseconds, divided by the speed.
 """
@@ -85,24 +88,42 @@ class Timeline:
 
     # (t, busy running slots / all slots, waiting requests summed over engines)
     samples: list[tuple[float, float, int]] = field(default_factory=list)
-    t_first: float | None = None  # first sample with a running request
+    t_first: float | None = None  # first sample with a running request: every window's start
     t_started: float | None = None  # first batch taken from the queue
     t_all_taken: float | None = None  # every batch taken from the queue (running or done)
     t_done: float | None = None  # every batch done
-    decode_at_start: float | None = None  # engines' decode-token counter before the job
+    decode_at_start: float | None = None  # decode-token counter, read in the t_first sample
     decode_at_all_taken: float | None = None
+    decode_at_done: float | None = None
 
-    def _window(self) -> list[tuple[float, float, int]]:
-        """Samples from the first request until the last batch was taken."""
+    def _window(self, whole: bool = False) -> list[tuple[float, float, int]]:
+        """Samples from the first request until the last batch was taken (or, ``whole``, was
+        done)."""
         if self.t_first is None:
             return []
-        end = self.t_all_taken or self.t_done or float("inf")
+        end = (self.t_done if whole else self.t_all_taken or self.t_done) or float("inf")
         return [s for s in self.samples if self.t_first <= s[0] <= end]
 
-    def occupancy(self) -> float:
-        """Mean busy-slot fraction from the first request until the last batch was taken."""
-        window = self._window()
+    def occupancy(self, whole: bool = False) -> float:
+        """Mean busy-slot fraction from the first request until the last batch was taken (or,
+        ``whole``, until the job was done)."""
+        window = self._window(whole)
         return sum(busy for _, busy, _ in window) / len(window) if window else 0.0
+
+    def whole_decode_rate(self) -> float:
+        """Engine decode tokens/s from the first request until the last batch was done."""
+        first, last = self.t_first, self.t_done
+        start, end = self.decode_at_start, self.decode_at_done
+        if first is None or last is None or start is None or end is None:
+            return 0.0
+        return (end - start) / max(last - first, 1e-9)
+
+    @property
+    def tail_share(self) -> float:
+        """Share of the whole job's time after the last batch was taken (the tail)."""
+        if self.t_first is None or self.t_all_taken is None or self.t_done is None:
+            return 0.0
+        return (self.t_done - self.t_all_taken) / max(self.t_done - self.t_first, 1e-9)
 
     def mean_waiting(self) -> float:
         """Mean requests queued at the engines over the same window (0: the client ran dry)."""
@@ -138,7 +159,6 @@ class JobWatch:
         self._thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
     def __enter__(self) -> JobWatch:
-        self.timeline.decode_at_start = decode_tokens(self._http, self.urls)
         self._thread.start()
         return self
 
@@ -170,9 +190,9 @@ class JobWatch:
         return running / sum(self.caps), waiting
 
     def _batches(self) -> tuple[int, int]:
-        """(batches taken from the queue, batches done)."""
-        done = self.r.scard(jobstate.Keys(self.job).done)
-        return len(live_holders(self.r, self.job)) + done, done
+        """(batches taken from the queue: owned by a run now or done, batches done)."""
+        done = {int(b) for b in self.r.smembers(jobstate.Keys(self.job).done)}
+        return len(done | set(live_holders(self.r, self.job))), len(done)
 
     def _loop(self) -> None:
         tl = self.timeline
@@ -181,7 +201,8 @@ class JobWatch:
             busy, waiting = self._busy()
             tl.samples.append((now, busy, waiting))
             if tl.t_first is None and busy > 0:
-                tl.t_first = now
+                # The counter in the same sample: the window and its tokens start together.
+                tl.t_first, tl.decode_at_start = now, decode_tokens(self._http, self.urls)
             taken, done = self._batches()
             if tl.t_started is None and taken:
                 tl.t_started = now
@@ -190,5 +211,6 @@ class JobWatch:
                 tl.decode_at_all_taken = decode_tokens(self._http, self.urls)
             if done >= self.n_batches:
                 tl.t_done = time.monotonic()
+                tl.decode_at_done = decode_tokens(self._http, self.urls)
                 return
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))

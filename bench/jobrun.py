@@ -41,9 +41,9 @@ class JobResult:
 
     @property
     def tokens_per_s(self) -> float:
-        """Output tokens of the job per second, first request to last batch stored."""
-        span = self.timeline.end_to_end_s
-        return self.output_tokens / span if span else 0.0
+        """The whole job: engine decode tokens/s from the first request (the sample that saw
+        it, where the counter was read too) until the last batch was stored."""
+        return self.timeline.whole_decode_rate()
 
     @property
     def ratio(self) -> float:
@@ -58,8 +58,10 @@ class JobResult:
     def summary(self) -> str:
         """One line with every figure of the run."""
         tl = self.timeline
-        e2e = (f"done in {tl.end_to_end_s:.1f} s, {self.tokens_per_s:,.0f} tok/s = "
-               f"{self.ratio:.3f} x ideal ({self.ideal_tokens_per_s:,.0f}); " if tl.t_done else "")
+        e2e = (f"whole job {tl.end_to_end_s:.1f} s, {self.tokens_per_s:,.0f} tok/s = "
+               f"{self.ratio:.3f} x ideal ({self.ideal_tokens_per_s:,.0f}), occupancy "
+               f"{tl.occupancy(whole=True):.3f}, tail {tl.tail_share:.1%} of the time; "
+               if tl.t_done else "")
         cores = ", ".join(f"{k} {v:.2f}" for k, v in self.cpu_cores.items())
         return (f"{self.label}: {self.prompts} prompts on {self.gpus} GPU(s): {e2e}"
                 f"until the last batch was taken: occupancy {tl.occupancy():.3f}, "

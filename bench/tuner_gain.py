@@ -7,6 +7,13 @@ and rolls it out. The figure is the canary's engine throughput after / before, a
 measured it from ``sglang:realtime_tokens_total`` (not a client-side count). Then the job must
 finish with ``verify`` ok: a re-tune loses no prompt.
 
+The simulator and the tuner share the capacity arithmetic (workers/capacity.py) and the
+throughput curve (workers.sim.engine.step_ms), so this measures the control loop, not a GPU:
+the gain on real GPUs is unmeasured. Beside it, :func:`seed_prediction` prints what the tuner
+predicts for the seed's B200 run (``fleet tune plan`` for 7 GPUs, 913,786 prompts of 2,490
+tokens, from the run's first profile) and how much of it is SGLang's arithmetic and how much
+a fitted curve.
+
     python -m bench.tuner_gain [--prompts 1100] [--speed 8]
 """
 
@@ -17,10 +24,51 @@ import json
 import subprocess
 import sys
 
-from bench.common import ROOT, Goal, local_fleet, verdict, write_chat_prompts
+from bench.common import ROOT, Goal, local_fleet, note, verdict, write_chat_prompts
+from workers.sim.engine import STEP_PER_REQ_MS, accept_length, step_ms
 
+SEED_PLAN = ("--gpus", "7", "--prompts", "913786", "--avg-output-tokens", "2490")
+# The seed run's two measured points the step-time line was fitted to: (running, tok/s per GPU).
+MEASURED = ((16, 2000), (40, 3500))
 GOAL_GAIN = 1.75  # issue 5's test goal, from the real run: 2,000 -> 3,500 tok/s per GPU
 MAX_TRIALS = 3
+
+
+def plan(profile: str) -> dict:
+    """``python -m workers.tune plan --json`` for the seed's run on ``profile``."""
+    res = subprocess.run([sys.executable, "-m", "workers.tune", "plan", "--profile", profile,
+                          *SEED_PLAN, "--json"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=120)
+    return json.loads(res.stdout)
+
+
+def tok_s(running: int, per_req_ms: float = STEP_PER_REQ_MS) -> float:
+    """The simulator's decode tok/s per GPU at ``running`` (MTP on), with the step's
+    per-request cost beyond the last measured point (40 running) set to ``per_req_ms``."""
+    last = MEASURED[-1][0]
+    ms = step_ms(min(running, last), True) + per_req_ms * max(running - last, 0)
+    return running * accept_length(4) / ms * 1000
+
+
+def seed_prediction() -> None:
+    """Print the tuner's prediction for the seed's B200 run and its uncertainty."""
+    base = plan("qwen36-27b-baseline")
+    alt = base["tuner_alternative"]
+    run0, tok0 = base["running_per_gpu"], base["tok_s_per_gpu"]
+    run1, tok1 = alt["running_per_gpu"], alt["tok_s_per_gpu"]
+    # If running slots beyond 40 cost twice the fitted per-request step time, or nothing.
+    low, high = tok_s(run1, 2 * STEP_PER_REQ_MS), tok_s(run1, 0.0)
+    note(f"seed's B200 run, predicted by `tune plan` from qwen36-27b-baseline: {run0} running, "
+         f"{tok0:,.0f} tok/s per GPU, ETA {base['eta_hours']:.1f} h -> tuner's {alt['profile']}:"
+         f" {run1} running, {tok1:,.0f} tok/s per GPU (x{tok1 / tok0:.2f}), ETA "
+         f"{alt['eta_hours']:.1f} h")
+    note(f"  SGLang's arithmetic (workers/capacity.py, checked against the run's logs): the caps "
+         f"{run0} and {run1}; fitted: tok/s, a step-time line through the run's two measured "
+         f"points {MEASURED} (exact at those, no residual to judge it by); beyond 40 running "
+         f"it is extrapolated: with the per-request step cost x2 or x0 past 40, {low:,.0f}-"
+         f"{high:,.0f} tok/s (x{low / tok0:.2f}-x{high / tok0:.2f}). Measured on real B200s "
+         f"(by hand, not by the tuner): x{MEASURED[1][1] / MEASURED[0][1]:.2f} at 40 running. "
+         "The tuner's own gain on real GPUs is unmeasured.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         res = subprocess.run(
             [sys.executable, "-m", "workers.tune", "auto", "--canary", "gpu0", "--window-s", "3",
              "--settle-timeout-s", "30", "--restart-timeout-s", "60",
-             "--max-trials", str(MAX_TRIALS)],
+             "--max-trials", str(MAX_TRIALS), "--json"],
             env=fleet.env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
             print(res.stderr[-2000:], file=sys.stderr)
@@ -50,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         fleet.producer("status", "--job", "tune", "--watch", "--json", "--interval", "2",
                        timeout_s=900)
         check = json.loads(fleet.producer("verify", "--job", "tune", "--json").stdout)
-    return verdict("tuner gain on the simulator (from qwen36-27b-baseline)", [
+    seed_prediction()
+    return verdict("tuner gain on the simulator (from qwen36-27b-baseline; on real GPUs: "
+                   "unmeasured)", [
         Goal("canary tok/s after / before", report["gain"], GOAL_GAIN, "x"),
         Goal("trial restarts", len(report["trials"]), MAX_TRIALS, at_most=True),
         Goal("verify ok (1 = yes)", float(check["ok"]), 1.0),

@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -47,7 +47,10 @@ from workers.jobs import (
 )
 from workers.store import ObjectMissing, Store
 
-CHECKERS = 8
+# Staged batches in flight at once (compress + PUT, or a re-run's read-back check): a remote
+# store answers each request slowly (tens of ms), so one request at a time would leave the
+# staging of 1M prompts bound by round trips; botocore's client pools 10 connections.
+PARALLEL_PUTS = 8
 
 
 @dataclass
@@ -76,13 +79,17 @@ def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str
 
 
 class BatchWriter:
-    """Compress and store staged batches on one background thread, in the order given.
+    """Compress and store staged batches on a bounded pool of threads, PARALLEL_PUTS at once.
 
-    zlib and file or network I/O release the GIL, so a batch is written while the caller parses
-    the next on another core. The queue is bounded, so memory stays flat when the store is the
-    slower side. The first failed write stops the writes; its exception (a StoreError for the
-    store's failures) is raised in the caller's thread by the next :meth:`put` or on leaving
-    the ``with`` block, so it ends the command like any other error.
+    zlib and file or network I/O release the GIL, so batches are compressed and written while
+    the caller parses the next ones, and a slow store (S3: tens of ms per request) has
+    several PUTs in flight. Each batch is its own object and the job record is written only
+    after staging, so the order in which the writes finish does not matter. The queue and the
+    pool are bounded, so memory stays flat when the store is the slower side. The first failed
+    write (the first to fail in time) stops the writes: no batch is started after it, those
+    already running finish, and its exception (a StoreError for the store's failures) is
+    raised in the caller's thread by the next :meth:`put` or on leaving the ``with`` block, so
+    it ends the command like any other error.
 
     With a ``spool`` folder (a re-run of an existing job) nothing is written to the store: a
     batch whose staged object is intact (its uncompressed sha256 is the one given) is left
@@ -90,8 +97,9 @@ class BatchWriter:
     once the caller has checked the input's fingerprint.
     """
 
-    def __init__(self, store: Store, depth: int = 2, spool: Path | None = None) -> None:
-        self._store, self._spool = store, spool
+    def __init__(self, store: Store, depth: int = 2, spool: Path | None = None,
+                 parallel: int = PARALLEL_PUTS) -> None:
+        self._store, self._spool, self._parallel = store, spool, max(1, parallel)
         self._queue: queue.Queue[tuple[str, bytes, str | None] | None] = queue.Queue(
             maxsize=depth)
         self._error: Exception | None = None
@@ -100,35 +108,33 @@ class BatchWriter:
         self._thread = threading.Thread(target=self._run, name="stage-writer", daemon=True)
         self._thread.start()
 
-    def _drain(self, fn: Callable[[str, bytes, str | None], None]) -> None:
-        # After a failure the queue is still drained, so a put() never blocks forever.
-        while (item := self._queue.get()) is not None:
-            if self._error is None:
-                try:
-                    fn(*item)
-                except Exception as exc:
-                    self._error = exc
+    def _guarded(self, work: Callable[[str, bytes, str | None], None], key: str, data: bytes,
+                 sha: str | None) -> None:
+        """Run one batch's work unless a batch failed already; keep the first failure."""
+        if self._error is not None:
+            return
+        try:
+            work(key, data, sha)
+        except Exception as exc:
+            with self._lock:
+                self._error = self._error or exc
 
     def _run(self) -> None:
-        if self._spool is None:
-            self._drain(lambda key, data, _: self._store.put(key, compress_rows(data)))
-            return
-        # A re-run reads every staged object back: CHECKERS reads at a time, as a remote
-        # store answers each one slowly; at most CHECKERS batches wait in memory.
-        with ThreadPoolExecutor(CHECKERS, thread_name_prefix="stage-check") as pool:
+        work = self._put if self._spool is None else self._check
+        with ThreadPoolExecutor(self._parallel, thread_name_prefix="stage-io") as pool:
             pending: deque[Future[None]] = deque()
+            # After a failure the queue is still drained (a put() never blocks forever), but
+            # nothing more is started.
+            while (item := self._queue.get()) is not None:
+                if self._error is not None:
+                    continue
+                pending.append(pool.submit(self._guarded, work, *item))
+                if len(pending) >= self._parallel:
+                    wait([pending.popleft()])
+            wait(pending)
 
-            def submit(key: str, data: bytes, sha: str | None) -> None:
-                pending.append(pool.submit(self._check, key, data, sha))
-                if len(pending) >= CHECKERS:
-                    pending.popleft().result()
-
-            self._drain(submit)
-            for future in pending:
-                try:
-                    future.result()
-                except Exception as exc:
-                    self._error = self._error or exc
+    def _put(self, key: str, data: bytes, _sha: str | None) -> None:
+        self._store.put(key, compress_rows(data))
 
     def _check(self, key: str, data: bytes, sha: str | None) -> None:
         """Spool the batch unless its staged object is intact."""
@@ -138,9 +144,15 @@ class BatchWriter:
             with self._lock:
                 self.spooled.append(key)
 
+    @property
+    def error(self) -> Exception | None:
+        """The first failure of a batch so far (None while all went well)."""
+        with self._lock:
+            return self._error
+
     def _raise_error(self) -> None:
-        if self._error is not None:
-            raise self._error
+        if (error := self.error) is not None:
+            raise error
 
     def put(self, key: str, data: bytes, sha: str | None = None) -> None:
         """Queue JSONL ``data`` to be stored compressed under ``key`` (blocks while the queue
@@ -150,11 +162,17 @@ class BatchWriter:
         self._queue.put((key, data, sha))
 
     def upload_spool(self) -> int:
-        """Write the spooled batches to the store; return how many."""
+        """Write the spooled batches to the store, PARALLEL_PUTS at a time; return how many.
+        The first failure (in key order) is raised after the running uploads finish."""
         assert self._spool is not None
         self.spooled.sort()
-        for key in self.spooled:
-            self._store.put(key, (self._spool / _spool_name(key)).read_bytes())
+        spool = self._spool
+
+        def upload(key: str) -> None:
+            self._store.put(key, (spool / _spool_name(key)).read_bytes())
+
+        with ThreadPoolExecutor(self._parallel, thread_name_prefix="stage-upload") as pool:
+            list(pool.map(upload, self.spooled))
         return len(self.spooled)
 
     def __enter__(self) -> BatchWriter:

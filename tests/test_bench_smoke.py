@@ -42,3 +42,30 @@ def test_vs_plain_runs_end_to_end_at_a_tiny_size() -> None:
     assert res.returncode in (0, 1), res.stdout + res.stderr  # 1 = a goal missed, not a crash
     assert "bench.vs_plain (goal 2)" in res.stdout
     assert "40 done, 0 failed" in res.stdout
+
+
+def test_redis_peak_schedule_holds_a_batch_per_gpu_and_more_at_its_peak() -> None:
+    from bench.redis_peak import BATCH, schedule
+
+    events = schedule(gpus=2, batches_per_gpu=4)
+    answers = [e for e in events if e.kind == "answer"]
+    assert len(answers) == 2 * 4 * BATCH
+    live = peak = 0
+    for e in events:
+        live += 1 if e.kind == "answer" else -BATCH
+        peak = max(peak, live)
+    assert live == 0 and 2 * BATCH < peak < 2 * 2 * BATCH
+
+
+def test_redis_peak_and_s3_staging_run_end_to_end_at_a_tiny_size() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.redis_peak", "--queued", "1000", "--gpus", "1",
+         "--batches-per-gpu", "3", "--row-kb", "1", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    assert "bench.redis_peak (finding 1)" in res.stdout
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.s3_staging", "--prompts", "2000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    assert "bench.s3_staging (finding 2)" in res.stdout and "enqueued 4" in res.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producer.enqueue import BatchWriter, EnqueueReport, stage
+from producer.enqueue import PARALLEL_PUTS, BatchWriter, EnqueueReport, stage
 from producer.readers import read_rows
 from workers.errors import InputError, StoreError
 from workers.jobs import PromptRow, input_key, load_batch_input
@@ -94,31 +95,40 @@ def test_parquet_rows_stage_like_jsonl_rows(tmp_path):
 
 
 class FailingStore(LocalStore):
-    """A local store whose ``fail_at``-th put (1-based) fails like a full disk."""
+    """A local store whose put of batch ``fail_batch`` fails like a full disk; it records the
+    order in which puts start and fail."""
 
-    def __init__(self, root: Path, fail_at: int) -> None:
+    def __init__(self, root: Path, fail_batch: int) -> None:
         super().__init__(root)
-        self.fail_at, self.puts = fail_at, 0
+        self.fail_key, self.events = input_key("j", fail_batch), []
+        self._lock = threading.Lock()
 
     def put(self, key: str, data: bytes) -> None:
-        self.puts += 1
-        if self.puts == self.fail_at:
+        with self._lock:
+            self.events.append(("start", key))
+        if key == self.fail_key:
+            with self._lock:
+                self.events.append(("failed", key))
             raise StoreError(f"cannot write {key}: [Errno 28] No space left on device")
         super().put(key, data)
 
 
 def test_a_failed_write_stops_staging_with_its_store_error(tmp_path):
-    store = FailingStore(tmp_path / "store", fail_at=3)
+    store = FailingStore(tmp_path / "store", fail_batch=2)
     rows = ({"index": i, "id": str(i), "prompt": f"q{i}"} for i in range(1000))
     with pytest.raises(StoreError, match="b000002.jsonl.gz: .* No space left"):
         _stage(store, rows, batch_size=10)
-    assert store.puts == 3  # nothing is written after the failure
-    assert sorted(store.list("jobs/j/inputs/")) == [input_key("j", 0), input_key("j", 1)]
+    # Puts already running when it failed may finish; the parser stops and at most a pool's
+    # worth of batches (plus the queue) was ever handed out, far from the job's 100.
+    started = [key for ev, key in store.events if ev == "start"]
+    assert len(started) <= 3 + PARALLEL_PUTS + 2 < 100
+    stored = set(store.list("jobs/j/inputs/"))
+    assert {input_key("j", 0), input_key("j", 1)} <= stored and store.fail_key not in stored
     assert not _writer_threads()
 
 
 def test_a_failed_last_write_is_raised_when_staging_ends(tmp_path):
-    store = FailingStore(tmp_path / "store", fail_at=2)
+    store = FailingStore(tmp_path / "store", fail_batch=1)
     rows = [{"index": i, "id": str(i), "prompt": f"q{i}"} for i in range(20)]
     with pytest.raises(StoreError):
         _stage(store, rows, batch_size=10)
@@ -143,3 +153,59 @@ def test_batch_writer_writes_in_order_and_compresses(tmp_path):
             writer.put(input_key("j", b), b'{"index":%d}\n' % b)
     assert [gzip.decompress(store.get(input_key("j", b))) for b in range(5)] == [
         b'{"index":%d}\n' % b for b in range(5)]
+
+
+class BarrierStore(LocalStore):
+    """The first ``parties`` puts each wait until all of them are running at once (a
+    BrokenBarrierError, so a failed staging, if the writer never has that many in flight).
+    A key in ``fail`` fails; with ``after_writer_failed`` it fails only once the writer has
+    recorded another failure."""
+
+    def __init__(self, root: Path, parties: int, fail: tuple[str, ...] = (),
+                 after_writer_failed: str | None = None) -> None:
+        super().__init__(root)
+        self.barrier = threading.Barrier(parties, timeout=10)
+        self.parties, self.started = parties, 0
+        self.fail, self.after_writer_failed = fail, after_writer_failed
+        self.writer: BatchWriter | None = None
+        self._lock = threading.Lock()
+
+    def put(self, key: str, data: bytes) -> None:
+        with self._lock:
+            first_round, self.started = self.started < self.parties, self.started + 1
+        if first_round:
+            self.barrier.wait()
+        if key == self.after_writer_failed:
+            deadline = time.monotonic() + 10
+            while self.writer is None or self.writer.error is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        if key in self.fail:
+            raise StoreError(f"cannot write {key}: timed out")
+        super().put(key, data)
+
+
+def test_batch_writer_has_its_pool_of_puts_in_flight_at_once(tmp_path):
+    store = BarrierStore(tmp_path / "store", parties=PARALLEL_PUTS)
+    n = 3 * PARALLEL_PUTS
+    with BatchWriter(store) as writer:
+        for b in range(n):
+            writer.put(input_key("j", b), b'{"index":%d}\n' % b)
+    assert [gzip.decompress(store.get(input_key("j", b))) for b in range(n)] == [
+        b'{"index":%d}\n' % b for b in range(n)]
+
+
+def test_parallel_writer_reports_the_first_failure_in_time(tmp_path):
+    # Batch 1 fails only after batch 5's failure was recorded: batch 5's error is raised.
+    b1, b5 = input_key("j", 1), input_key("j", 5)
+    store = BarrierStore(tmp_path / "store", parties=PARALLEL_PUTS, fail=(b1, b5),
+                         after_writer_failed=b1)
+    with pytest.raises(StoreError, match="b000005"):
+        with BatchWriter(store) as writer:
+            store.writer = writer
+            for b in range(4 * PARALLEL_PUTS):
+                writer.put(input_key("j", b), b'{"index":%d}\n' % b)
+    assert not store.exists(b1) and not store.exists(b5)
+    # Nothing is started once a failure is recorded: far from all 32 batches were tried.
+    assert store.started < 4 * PARALLEL_PUTS
+    assert not _writer_threads()
