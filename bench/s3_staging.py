@@ -42,33 +42,6 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
            "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-class LatencyProxy(TcpProxy):
-    """A TcpProxy that delays every chunk coming back from the server by ``latency_s``."""
-
-    def __init__(self, target_port: int, latency_s: float) -> None:
-        self.latency_s = latency_s
-        super().__init__(target_port)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:  # type: ignore[override]
-        try:
-            from_server = src.getpeername()[1] == self.target_port
-        except OSError:
-            return
-        try:
-            while data := src.recv(65536):
-                if from_server:
-                    time.sleep(self.latency_s)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
 @contextmanager
 def moto_server(log_path: str) -> Iterator[int]:
     """moto's S3 server on a free port, stopped afterwards; yields its port."""
@@ -119,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}",
                      **{k.lower(): v for k, v in AWS_ENV.items() if k != "AWS_DEFAULT_REGION"},
                      region_name="us-east-1").create_bucket(Bucket="bench")
-        proxy = LatencyProxy(port, args.latency_ms / 1000)
+        proxy = TcpProxy(port, args.latency_ms / 1000)
         t0 = time.monotonic()
         fleet.producer("enqueue", str(path), "--job", "local")
         local_s = time.monotonic() - t0

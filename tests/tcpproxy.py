@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from producer.localfleet import free_port
 
@@ -11,8 +12,10 @@ from producer.localfleet import free_port
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target; ``down()`` refuses and cuts every connection."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, latency_s: float = 0.0) -> None:
         self.target_port = target_port
+        # Every chunk the server sends back is held this long (a store far away).
+        self.latency_s = latency_s
         self.port = free_port()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -60,13 +63,15 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, delay in ((client, upstream, 0.0), (upstream, client, self.latency_s)):
+                threading.Thread(target=self._pipe, args=(a, b, delay), daemon=True).start()
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
         try:
             while data := src.recv(65536):
+                if delay_s:
+                    time.sleep(delay_s)
                 dst.sendall(data)
         except OSError:
             pass
