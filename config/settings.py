@@ -216,6 +216,14 @@ class Settings(BaseSettings):
         self.redis_url = SecretStr(url)
         return self
 
+    def redis_client_options(self) -> dict[str, object]:
+        """Options of the fleet's own Redis clients (leases, progress, heartbeats): a half-open
+        connection fails within seconds instead of blocking a lease renewal for minutes."""
+        return {"socket_timeout": self.redis_socket_timeout_s,
+                "socket_connect_timeout": self.redis_socket_timeout_s,
+                "socket_keepalive": True, "health_check_interval": 10,
+                "retry_on_timeout": True}
+
     def engine_port(self, gpu: int) -> int:
         """Port of the engine that serves GPU ``gpu``."""
         return self.engine_base_port + gpu

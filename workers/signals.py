@@ -23,7 +23,6 @@ from workers.delivery.janitor import Janitor
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
 from workers.store import open_store
-from workers.tasks import redis_options
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class EngineStep(bootsteps.StartStopStep):
             return
         settings = load_settings()
         client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
-                                      **redis_options(settings))
+                                      **settings.redis_client_options())
         app = worker.app  # type: ignore[attr-defined]
         gate = ConsumerGate(getattr(worker, "consumer", None), app)
         _runtime = WorkerRuntime(settings, context.identity(), client, lease.index_key(app),

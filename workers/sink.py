@@ -372,7 +372,8 @@ def reset_auto_trigger(r: redis.Redis, job: str) -> None:
 def start_lease_keeper(app: Any) -> LeaseKeeper:
     """For a sink-only worker (no engine, so no runtime): renew the leases of its tasks."""
     settings = load_settings()
-    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
+    client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
+                                  **settings.redis_client_options())
     keeper = LeaseKeeper(client, index_key(app), settings.lease_renew_s)
     keeper.start()
     return keeper

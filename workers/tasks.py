@@ -44,14 +44,6 @@ def _settings_and_store() -> tuple[Settings, Store]:
                                    store_policy(settings))
 
 
-def redis_options(settings: Settings) -> dict[str, Any]:
-    """Client options of every fleet Redis connection: a half-open connection must fail
-    within seconds, not block a lease renewal for minutes."""
-    return {"socket_timeout": settings.redis_socket_timeout_s,
-            "socket_connect_timeout": settings.redis_socket_timeout_s,
-            "socket_keepalive": True, "health_check_interval": 10, "retry_on_timeout": True}
-
-
 def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None, str | None]:
     """The running engine's profile name, fixed client concurrency and launch digest, from
     its heartbeat."""
@@ -63,7 +55,8 @@ def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None, 
 def _settle_stored(settings: Settings, store: Store, job: str, batch: int) -> None:
     """The result is stored but Redis may not know (a restart, a crash before the finish
     step): count it as the store says, mark it done, drop its leftover progress."""
-    r = redis.Redis.from_url(settings.redis_url.get_secret_value(), **redis_options(settings))
+    r = redis.Redis.from_url(settings.redis_url.get_secret_value(),
+                             **settings.redis_client_options())
     try:
         whereabouts.count_stored(store, r, job, batch)
         keys = jobstate.Keys(job)
@@ -81,7 +74,8 @@ def _skipped(job: str, batch: int, why: str) -> dict[str, Any]:
 async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
     settings, store = _settings_and_store()
     me = identity()
-    r = aioredis.from_url(settings.redis_url.get_secret_value(), **redis_options(settings))
+    r = aioredis.from_url(settings.redis_url.get_secret_value(),
+                          **settings.redis_client_options())
     try:
         state = (await r.hget(jobstate.Keys(job).job, "state") or b"running").decode()
         if state != "running":

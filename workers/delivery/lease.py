@@ -102,11 +102,6 @@ def held_deliveries() -> list[Held]:
     return out
 
 
-def held_delivery_tags() -> list[str]:
-    """Delivery tags of every message this worker has reserved."""
-    return [h.tag for h in held_deliveries()]
-
-
 def renew(client: redis.Redis, index_key: str, unacked_key: str, prefix: str,
           held: list[Held]) -> int:
     """Move the lease of each held delivery to Redis's now (see the module docstring)."""
