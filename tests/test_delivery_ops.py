@@ -115,7 +115,9 @@ def _engine_pid(r: redis.Redis, node: str) -> int:
 
 def test_a_gpu_whose_engine_cannot_come_back_lets_go_and_the_job_finishes(
         fleet_env, make_workers, tmp_path, r: redis.Redis):
-    (dead, alive) = make_workers([0, 1], FLEET_SIM_SPEED="3", FLEET_ENGINE_WAIT_S="5")
+    # Long enough (~200 tokens per prompt) that the job is far from done when GPU 0 dies.
+    (dead, alive) = make_workers([0, 1], FLEET_SIM_SPEED="2", FLEET_SIM_MEAN_OUTPUT_TOKENS="200",
+                                 FLEET_ENGINE_WAIT_S="5")
     src = write_prompts(tmp_path / "p.jsonl", 160)
     assert run_producer(fleet_env, "enqueue", str(src), "--job", "dg", "--batch-size",
                         "20").returncode == 0
