@@ -110,7 +110,9 @@ class BatchRunner:
         """Wait until healthy; True if the engine crashed (and was restarted) meanwhile."""
         suspects = sorted(self.in_flight)
         end = time.monotonic() + self.env.settings.engine_wait_s
-        while not await self.client.healthy():
+        # A probe that hangs (a port held by something that never answers) must not stretch
+        # the wait: each probe gets at most what is left of it.
+        while not await self.client.healthy(min(20.0, max(end - time.monotonic(), 1.0))):
             if time.monotonic() > end:
                 raise EngineDown(f"engine on GPU {self.env.me.gpu} down for "
                                  f"{self.env.settings.engine_wait_s:.0f} s")

@@ -211,9 +211,9 @@ class EngineClient:
         except (TimeoutError, aiohttp.ClientError):
             return None
 
-    async def healthy(self) -> bool:
-        """One GET /health probe."""
-        got = await self._get("/health", 20.0)
+    async def healthy(self, timeout_s: float = 20.0) -> bool:
+        """One GET /health probe (SGLang's own health generation gives up after 20 s)."""
+        got = await self._get("/health", timeout_s)
         return got is not None and got[0] == 200
 
     async def _get_json(self, path: str) -> dict[str, Any] | None:
