@@ -60,11 +60,13 @@ def _settle_stored(settings: Settings, store: Store, job: str, batch: int) -> No
     try:
         whereabouts.count_stored(store, r, job, batch)
         keys = jobstate.Keys(job)
-        r.eval("if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[2]) end",
-               2, keys.owner(batch), keys.progress(batch))
+        unowned = r.eval("if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end "
+                         "redis.call('DEL', KEYS[2]) return 1",
+                         2, keys.owner(batch), keys.progress(batch))
     finally:
         r.close()
-    drop_progress(store, job, batch)
+    if unowned:  # a live run's chunks are its own to drop
+        drop_progress(store, job, batch)
 
 
 def _skipped(job: str, batch: int, why: str) -> dict[str, Any]:
