@@ -335,13 +335,16 @@ def test_the_janitor_resends_a_batch_lost_in_two_rounds_and_leaves_the_rest(
     from config.settings import Settings
     from workers.celery_app import make_app
     from workers.delivery.janitor import Janitor
-    from workers.jobs import JobSpec
+    from workers.jobs import JobSpec, save_spec
 
     store = open_store(tmp_path.as_uri(), None)
     app = make_app(Settings(redis_url=redis_server.url))
     spec = JobSpec(name="jan", total=30, batch_size=10, n_batches=3, input_path="x",
                    input_fingerprint="f")
     jobstate.register_job(r, "jan", spec.model_dump_json())
+    other = spec.model_copy(update={"name": "elsewhere"})  # a job of another store
+    jobstate.register_job(r, "elsewhere", other.model_dump_json())
+    save_spec(store, spec)
     store.put(result_key("jan", 0), encode_rows([_row("jan", 0, 0)], compress=False))
     r.sadd(jobstate.Keys("jan").done, 0)
     whereabouts.resend(r, app, spec, [1])  # batch 1 has a message; batch 2 has nothing

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from workers.delivery import jobstate, whereabouts
-from workers.jobs import JobSpec
+from workers.jobs import JobSpec, job_key
 from workers.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,10 @@ class Janitor(threading.Thread):
         for raw in sorted(self._r.smembers(jobstate.JOBS_KEY)):
             job = raw.decode()
             spec_raw, state = self._r.hmget(jobstate.Keys(job).job, ["spec", "state"])
-            if spec_raw is None or (state or b"running") != b"running":
+            # Only running jobs of this store (a job Redis remembers from another store is not
+            # this fleet's to regenerate).
+            if spec_raw is None or (state or b"running") != b"running" \
+                    or not self._store.exists(job_key(job)):
                 self._suspects.pop(job, None)
                 continue
             spec = JobSpec.model_validate_json(spec_raw)
