@@ -356,3 +356,31 @@ def test_the_janitor_resends_a_batch_lost_in_two_rounds_and_leaves_the_rest(
     r.hset(jobstate.Keys("jan").job, "state", "paused")
     r.delete("gpu")
     assert janitor.round() == {} and janitor.round() == {}  # a paused job is left alone
+
+
+def test_a_forced_flush_beside_the_flusher_never_reuses_a_chunk(r: redis.Redis,
+                                                                tmp_path: Path) -> None:
+    """Two flushes at once (crash isolation forces one while the flusher runs) each write a
+    chunk of their own: every recorded index finds its row."""
+    port = r.connection_pool.connection_kwargs["port"]
+    store = open_store(tmp_path.as_uri(), None)
+
+    async def scenario() -> None:
+        ar = aioredis.from_url(f"redis://127.0.0.1:{port}/0")
+        me = WorkerIdentity(node="n", host="h", gpu=0, port=1)
+        env = BatchEnv(settings=None, me=me, store=store, redis=ar, profile="p")  # type: ignore[arg-type]
+        r.set(jobstate.Keys("cf").owner(0), "tok")
+        rec = ProgressRecorder(env, "cf", 0, "tok")
+        for i in range(3):
+            rec.add(_row("cf", 0, i))
+        first = asyncio.ensure_future(rec.flush())
+        await asyncio.sleep(0)  # the first flush is inside its chunk write
+        for i in range(3, 6):
+            rec.add(_row("cf", 0, i))
+        await asyncio.gather(first, rec.flush())
+        await ar.aclose()
+
+    asyncio.run(scenario())
+    chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("cf").progress(0)).items()}
+    assert len(set(chunks.values())) == 2
+    assert [x["index"] for x in read_progress(store, "cf", 0, chunks)] == list(range(6))

@@ -123,6 +123,7 @@ class ProgressRecorder:
         self._bytes = 0
         self._since: float | None = None
         self._chunk_tag, self._seq = token.rsplit("|", 1)[-1], 0
+        self._flushing = asyncio.Lock()
         self._script = env.redis.register_script(jobstate.RECORD_ROWS)
 
     def add(self, result: dict[str, Any]) -> None:
@@ -151,10 +152,17 @@ class ProgressRecorder:
 
         Rows whose write fails stay buffered for the next flush; LostOwnership if another run
         owns the batch now (its rows are kept by that run)."""
+        async with self._flushing:  # the flusher and a forced flush never interleave
+            await self._flush()
+
+    async def _flush(self) -> None:
         if not self._buf:
             return
         groups, self._buf = self._buf, {}
         nbytes, since, self._bytes, self._since = self._bytes, self._since, 0, None
+        # The chunk's name is taken before any await: a name is never written twice, so a
+        # recorded index always finds its row in the chunk it names.
+        name, self._seq = f"{self._chunk_tag}-{self._seq:06d}", self._seq + 1
         k, node = self._keys, self._env.me.node
         keys = [k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
                 jobstate.node_stats_key(node), k.owner(self._batch), k.bstats]
@@ -162,10 +170,8 @@ class ProgressRecorder:
         written: list[str] = []
         try:
             chunk = await asyncio.to_thread(
-                spill_rows, self._env.store, self._job, self._batch,
-                f"{self._chunk_tag}-{self._seq:06d}",
+                spill_rows, self._env.store, self._job, self._batch, name,
                 [row[1] for rows in groups.values() for row in rows])
-            self._seq += 1
             for kind, rows in groups.items():  # the script's count per bucket: exact per kind
                 refs = [(index, chunk.encode(), kind_, tokens)
                         for index, _, kind_, tokens in rows]
@@ -175,7 +181,9 @@ class ProgressRecorder:
                     raise LostOwnership(f"batch {self._batch} is owned by another run")
                 fresh[kind] = n
                 written.append(kind)
-        except (RedisError, OSError, StoreError):
+        except LostOwnership:
+            raise  # the rows are the new owner's to write
+        except BaseException:  # a failed write, or a cancellation: keep what is not recorded
             left = {kind: rows for kind, rows in groups.items() if kind not in written}
             self._put_back(left, nbytes if left else 0, since)
             raise
