@@ -50,6 +50,17 @@ def _record(r: redis.Redis, job: str, batch: int, token: str, rows: list[dict]) 
     return int(r.eval(jobstate.RECORD_ROWS, len(keys), *keys, *args))
 
 
+def _owned_recorder(r: redis.Redis, ar: aioredis.Redis, store, job: str) -> ProgressRecorder:
+    """A recorder for batch 0 of ``job`` whose run owns the batch, with rows 0-2 buffered."""
+    env = BatchEnv(settings=None, me=WorkerIdentity(node="n", host="h", gpu=0, port=1),  # type: ignore[arg-type]
+                   store=store, redis=ar, profile="p")
+    r.set(jobstate.Keys(job).owner(0), "tok")
+    rec = ProgressRecorder(env, job, 0, "tok")
+    for i in range(3):
+        rec.add(_row(job, 0, i))
+    return rec
+
+
 def test_a_run_that_lost_its_batch_can_neither_record_nor_finish(r: redis.Redis) -> None:
     async def scenario() -> None:
         ar = aioredis.Redis(connection_pool=aioredis.ConnectionPool.from_url(
@@ -145,12 +156,7 @@ def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis,
     async def scenario() -> None:
         ar = aioredis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=0.2,
                                retry=None)
-        me = WorkerIdentity(node="n", host="h", gpu=0, port=1)
-        env = BatchEnv(settings=None, me=me, store=store, redis=ar, profile="p")  # type: ignore[arg-type]
-        r.set(jobstate.Keys("fl").owner(0), "tok")
-        rec = ProgressRecorder(env, "fl", 0, "tok")
-        for i in range(3):
-            rec.add(_row("fl", 0, i))
+        rec = _owned_recorder(r, ar, store, "fl")
         await ar.ping()
         r.client_pause(10_000)  # Redis stops answering: the write times out
         try:
@@ -367,12 +373,7 @@ def test_a_forced_flush_beside_the_flusher_never_reuses_a_chunk(r: redis.Redis,
 
     async def scenario() -> None:
         ar = aioredis.from_url(f"redis://127.0.0.1:{port}/0")
-        me = WorkerIdentity(node="n", host="h", gpu=0, port=1)
-        env = BatchEnv(settings=None, me=me, store=store, redis=ar, profile="p")  # type: ignore[arg-type]
-        r.set(jobstate.Keys("cf").owner(0), "tok")
-        rec = ProgressRecorder(env, "cf", 0, "tok")
-        for i in range(3):
-            rec.add(_row("cf", 0, i))
+        rec = _owned_recorder(r, ar, store, "cf")
         first = asyncio.ensure_future(rec.flush())
         await asyncio.sleep(0)  # the first flush is inside its chunk write
         for i in range(3, 6):
