@@ -19,6 +19,7 @@ import pytest
 from config.launch_profile import load_profile
 from producer.localfleet import free_port
 from tests.simproc import ROOT, Sim, launch
+from workers.sim.report import MIN_LOG_INTERVAL_S
 
 SMALL_MODEL = ["--model-path", "Qwen/Qwen3-0.6B", "--context-length", "4096"]
 
@@ -444,7 +445,12 @@ def test_shared_prefix_hits_the_radix_cache_unless_it_is_disabled(start) -> None
     for argv, hits in (([*SMALL_MODEL, "--enable-metrics"], True),
                        ([*SMALL_MODEL, "--enable-metrics", "--disable-radix-cache"], False)):
         sim = start(argv, env)
-        cached = [sim.post("/generate", b).json()["meta_info"]["cached_tokens"] for b in bodies]
+        cached = []
+        for body in bodies:
+            # Faster than real time the sim writes at most one prefill line per interval: space
+            # the requests so each admission logs its line, as SGLang does every prefill.
+            time.sleep(MIN_LOG_INTERVAL_S * 1.5)
+            cached.append(sim.post("/generate", body).json()["meta_info"]["cached_tokens"])
         assert cached[0] == 0
         assert (min(cached[1:]) > 0) == hits and (max(cached) == 0) == (not hits)
         # Counters and the prefill log line are written per scheduler interval, as in SGLang:
