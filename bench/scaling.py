@@ -14,17 +14,17 @@ sees a running request (the engines' decode counter is read in that sample):
   same prompts to the same engines right after (>= 0.98). The tail's share is the whole job's
   time after the last batch was taken.
 
-The simulator draws each request's output length from one generator per engine, so the fleet
-and the plain client get different lengths for the same prompt (same distribution, different
-draws); the plain client's figure is the mean of that distribution's draws too.
+The simulator draws each prompt's output length from its seed and the prompt itself
+(workers/sim/textgen.py), so the fleet and the plain client decode the same lengths.
 
 Full size (issue 14): ``--batches-per-gpu 20 --batch-size 500`` (10,000 prompts per GPU, 70,000
 at 7 GPUs: about 15 minutes per size and client on this machine at 80 requests/s). The default
 is scaled down to batches of 100 (2,000 prompts per GPU; the plain client runs at the smallest
-and the largest size only) so the benchmark takes about 10 minutes. The tail is mostly the
-GPUs finishing their last batches up to a batch apart, so its share depends on the batches per
-GPU more than on their size (see bench/README.md). Batches much smaller than 100 (40, the
-engine's cap) starve the engines between batches at this sped-up clock.
+and the largest size only) so the benchmark takes about 10 minutes. That is the harder case:
+a batch of 100 is 2.5 times the engine's cap (the real run's are 7-12 times), so the GPUs
+finishing their last batches apart weighs more; ``python -m bench.tail_model`` models both
+shapes and the designs that would shorten the tail (see bench/README.md). Batches much smaller
+than 100 (40, the engine's cap) starve the engines between batches at this sped-up clock.
 
     python -m bench.scaling [--sizes 1 2 4 7] [--batches-per-gpu 20] [--batch-size 100]
                             [--requests-per-s 80] [--plain-sizes 1 7]

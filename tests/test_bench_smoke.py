@@ -69,3 +69,19 @@ def test_redis_peak_and_s3_staging_run_end_to_end_at_a_tiny_size() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert res.returncode in (0, 1), res.stdout + res.stderr
     assert "bench.s3_staging (finding 2)" in res.stdout and "enqueued 4" in res.stdout
+
+
+def test_tail_model_schedules_every_prompt_once_and_stealing_never_loses() -> None:
+    from bench.tail_model import CAP, STORE_S, cut, durations, fleet, plain
+
+    assert sum(cut(2345, 100)) == sum(cut(2345, 100, taper_gpus=3)) == 2345
+    assert max(cut(2345, 100, taper_gpus=3)[-5:]) < 100  # the tail is cut smaller
+    # One batch that fits the engine: done when its longest request is, then stored.
+    durs = durations(CAP, seed=1)
+    assert fleet(durs, [CAP], gpus=1) == max(durs) + STORE_S
+    durs = durations(2 * 20 * 100, seed=2)
+    sizes = cut(len(durs), 100)
+    lower = sum(durs) / (2 * CAP)  # every slot busy all the time
+    end, occupancy = plain(durs, gpus=2)
+    assert lower <= end and 0.9 < occupancy <= 1.0
+    assert lower < fleet(durs, sizes, 2, steal=True) <= fleet(durs, sizes, 2)
