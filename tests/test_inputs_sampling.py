@@ -25,6 +25,7 @@ from workers.sampling_params import (
     translate,
 )
 from workers.store import open_store
+from workers.verify import batch_rows
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:
@@ -222,6 +223,24 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
         "max_new_tokens": None, "temperature": None, "top_p": None, "params": {"top_k": 20},
         "chat": True, "system_prompt": "Be brief.",
         "chat_template_kwargs": {"enable_thinking": False}, "drop_unsupported": False}
+    # The logprobs the rows asked for are kept (as the engine's JSON), one per output token.
+    store = open_store(fleet_env["FLEET_STORE_URL"])
+    _, _, rows, _ = batch_rows(store, "oai", 0)
+    for row in rows:
+        content = orjson.loads(row["logprobs"])["content"]
+        assert len(content) == row["completion_tokens"] - (row["finish_reason"] == "stop")
+    # Plain prompts go to /generate: return_logprob and top_logprobs_num, kept the same way.
+    src = _jsonl(tmp_path / "gen.jsonl", [
+        {"custom_id": f"g{i}", "body": {"prompt": f"p{i}", "max_tokens": 8, "logprobs": 2}}
+        for i in range(3)] + [{"custom_id": "none", "body": {"prompt": "q", "max_tokens": 8}}])
+    assert run_producer(fleet_env, "enqueue", str(src), "--job", "gen").returncode == 0
+    assert wait_done(fleet_env, "gen")["completed"] == 4
+    _, _, rows, _ = batch_rows(store, "gen", 0)
+    assert rows[-1]["logprobs"] is None  # not asked for, not stored
+    for row in rows[:-1]:
+        got = orjson.loads(row["logprobs"])
+        assert len(got["output_token_logprobs"]) == row["completion_tokens"]
+        assert {len(top) for top in got["output_top_logprobs"]} == {2}
 
 
 def test_a_job_key_a_chat_request_cannot_carry_is_refused_at_the_first_chat_row(tmp_path):

@@ -3,9 +3,13 @@ saying what it could not read (issue #13, finding 2)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from config.launch_profile import load_profile
@@ -51,6 +55,14 @@ def test_an_unsupported_release_is_named_and_its_unknown_lines_listed(tmp_path: 
     assert any("version 0.5.23" in u for u in unread)
     assert any("dtype: torch.bfloat16" in u for u in unread)
     assert any(u.startswith("KV bytes per token from the model catalogue") for u in unread)
+    # `tune plan` calibrated from that snapshot says the same, in JSON and in its table.
+    argv = [sys.executable, "-m", "workers.tune", "plan", "--profile", "qwen36-27b", "--gpus",
+            "1", "--prompts", "1000", "--avg-output-tokens", "2000", "--snapshot", str(snap_dir)]
+    got = subprocess.run([*argv, "--json"], capture_output=True, text=True, check=True)
+    assert orjson.loads(got.stdout)["unread_evidence"] == unread
+    table = subprocess.run(argv, capture_output=True, text=True, check=True,
+                           env={**os.environ, "COLUMNS": "400"}).stdout
+    assert "not read: " in table and "version 0.5.23" in table
 
 
 def test_tp_ranks_other_than_0_do_not_count_as_the_draft_model() -> None:

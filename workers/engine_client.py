@@ -49,6 +49,9 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     latency_s: float
+    # What the engine answered for a request that asked for logprobs (None otherwise):
+    # /generate's meta_info ``*_logprobs`` fields, or the chat choice's ``logprobs``.
+    logprobs: Any = None
 
 
 def _finish_reason(raw: Any) -> str:
@@ -103,6 +106,8 @@ def parse_generate(data: dict[str, Any], latency_s: float) -> Completion:
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         completion_tokens=int(meta.get("completion_tokens") or 0),
         latency_s=float(meta.get("e2e_latency") or latency_s),
+        # TokenizerManager.add_logprob_to_meta_info: input/output token and top logprobs.
+        logprobs={k: v for k, v in meta.items() if k.endswith("logprobs")} or None,
     )
 
 
@@ -118,6 +123,7 @@ def parse_chat(data: dict[str, Any], latency_s: float) -> Completion:
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         latency_s=latency_s,
+        logprobs=choice.get("logprobs"),
     )
 
 

@@ -53,6 +53,7 @@ SCHEMA = pa.schema([
     pa.field("prompt_tokens", pa.int32()),
     pa.field("completion_tokens", pa.int32()),
     pa.field("latency_s", pa.float64()),
+    pa.field("logprobs", pa.string()),
     pa.field("profile", pa.string()),
     pa.field("gpu", pa.int16()),
     pa.field("node", pa.string()),

@@ -67,6 +67,9 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
         "prompt_tokens": done.prompt_tokens if done else 0,
         "completion_tokens": done.completion_tokens if done else 0,
         "latency_s": round(done.latency_s, 4) if done else None,
+        # As JSON text: its shape is the engine's and depends on the route and request.
+        "logprobs": orjson.dumps(done.logprobs).decode()
+        if done and done.logprobs is not None else None,
         "status": "ok" if done else "failed", "error": error,
         "profile": env.profile, "gpu": env.me.gpu, "node": env.me.node,
         "launch_digest": env.launch_digest,

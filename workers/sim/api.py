@@ -22,7 +22,7 @@ from workers.sim.state import (
     make_request,
     probe_request,
 )
-from workers.sim.textgen import count_text_tokens, filler_ids, filler_text
+from workers.sim.textgen import count_text_tokens, filler_ids, filler_text, token_logprobs
 
 HEALTH_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
 GB = 1024**3
@@ -148,8 +148,9 @@ def text_tokens(req: SimRequest) -> int:
     return max(0, req.generated - 1) if stopped else req.generated
 
 
-def generate_result(state: SimState, req: SimRequest) -> dict[str, Any]:
-    """One /generate response item."""
+def generate_result(state: SimState, req: SimRequest, logprob: bool = False, top: int = 0
+                    ) -> dict[str, Any]:
+    """One /generate response item (``logprob``: the request's ``return_logprob``)."""
     stopped = (req.finish_reason or {}).get("type") == "stop"
     meta = {
         "id": req.rid,
@@ -164,11 +165,10 @@ def generate_result(state: SimState, req: SimRequest) -> dict[str, Any]:
         **spec_meta(state, req),
     }
     eos = state.shape.eos_token_id if stopped else None
-    return {
-        "text": filler_text(text_tokens(req)),
-        "output_ids": filler_ids(req.generated, eos),
-        "meta_info": meta,
-    }
+    ids = filler_ids(req.generated, eos)
+    if logprob:
+        meta.update(token_logprobs(ids, top))
+    return {"text": filler_text(text_tokens(req)), "output_ids": ids, "meta_info": meta}
 
 
 def generate_handler(state: SimState) -> JsonHandler:
@@ -178,7 +178,8 @@ def generate_handler(state: SimState) -> JsonHandler:
         if not state.ready:
             return NOT_READY
         try:
-            reqs, batch = build_generate(state, parse_json(raw))
+            body = parse_json(raw)
+            reqs, batch = build_generate(state, body)
         except Uncaught as exc:
             # http_server.generate_request catches only ValueError: the TypeError reaches
             # Starlette's ServerErrorMiddleware, which answers a bare text 500 (0.5.10-0.5.11).
@@ -187,7 +188,10 @@ def generate_handler(state: SimState) -> JsonHandler:
         except (ValueError, TypeError) as exc:
             return 400, error_payload(str(exc))
         done = await asyncio.gather(*(state.engine.submit(r) for r in reqs))
-        items = [generate_result(state, r) for r in done]
+        logprob = _as_list(body.get("return_logprob") or False, len(done))
+        top = _as_list(body.get("top_logprobs_num") or 0, len(done))
+        items = [generate_result(state, r, bool(lp), int(k or 0))
+                 for r, lp, k in zip(done, logprob, top, strict=True)]
         return 200, items if batch else items[0]
 
     return generate

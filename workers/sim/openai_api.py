@@ -20,7 +20,14 @@ from starlette.routing import Route
 from workers.sim.api import NOT_READY, JsonHandler, endpoint, parse_json, text_tokens
 from workers.sim.engine import SimRequest
 from workers.sim.state import SimState, Uncaught, make_request
-from workers.sim.textgen import count_chat_tokens, count_text_tokens, filler_text, reasoning_split
+from workers.sim.textgen import (
+    chat_logprobs,
+    count_chat_tokens,
+    count_text_tokens,
+    filler_ids,
+    filler_text,
+    reasoning_split,
+)
 
 
 def openai_error(
@@ -169,14 +176,18 @@ def chat_message(req: SimRequest, thinking: bool) -> tuple[dict[str, Any], int]:
     return message, reasoning
 
 
-def chat_document(state: SimState, req: SimRequest, thinking: bool) -> dict[str, Any]:
-    """The /v1/chat/completions response."""
+def chat_document(state: SimState, req: SimRequest, thinking: bool,
+                  body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The /v1/chat/completions response (``body``'s ``logprobs`` / ``top_logprobs``)."""
     message, reasoning = chat_message(req, thinking)
     kind, matched = _finish(req)
+    body = body or {}
+    logprobs = (chat_logprobs(filler_ids(text_tokens(req)), int(body.get("top_logprobs") or 0))
+                if body.get("logprobs") else None)
     choice = {
         "index": 0,
         "message": message,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": kind,
         "matched_stop": matched,
     }
@@ -218,7 +229,7 @@ def chat_handler(state: SimState) -> JsonHandler:
         except (ValueError, TypeError) as exc:
             return openai_error(str(exc))
         done = await state.engine.submit(req)
-        return 200, chat_document(state, done, thinking_on(state, body))
+        return 200, chat_document(state, done, thinking_on(state, body), body)
 
     return chat
 

@@ -98,3 +98,34 @@ class OutputLengths:
         digest = hashlib.blake2b(f"{self._seed}\0{prompt}".encode(), digest_size=8).digest()
         rng = random.Random(int.from_bytes(digest, "big"))
         return max(1, round(rng.lognormvariate(self._mu, self._sigma)))
+
+
+def filler_logprob(position: int) -> float:
+    """A deterministic log probability for the token at ``position``."""
+    return -0.05 - (position % 7) / 10
+
+
+def token_logprobs(ids: list[int], top: int) -> dict[str, Any]:
+    """meta_info's logprob fields for output tokens ``ids``, as
+    ``TokenizerManager.add_logprob_to_meta_info`` writes them without
+    ``return_text_in_logprobs``: ``(logprob, token_id, None)`` per token, and per token the
+    ``top`` best as the same triples when ``top_logprobs_num`` > 0."""
+    out: dict[str, Any] = {
+        "input_token_logprobs": [],
+        "output_token_logprobs": [(filler_logprob(i), t, None) for i, t in enumerate(ids)],
+    }
+    if top > 0:
+        out["output_top_logprobs"] = [
+            [(filler_logprob(i) - k, t + k, None) for k in range(top)] for i, t in enumerate(ids)]
+    return out
+
+
+def chat_logprobs(ids: list[int], top: int) -> dict[str, Any]:
+    """The chat choice's ``logprobs`` (OpenAI's ChoiceLogprobs: one entry per output token,
+    ``serving_chat`` ``_process_logprobs_tokens``)."""
+    def entry(i: int, t: int) -> dict[str, Any]:
+        token = _WORDS[i % len(_WORDS)]
+        return {"token": token, "logprob": filler_logprob(i), "bytes": list(token.encode()),
+                "top_logprobs": [{"token": token, "logprob": filler_logprob(i) - k,
+                                  "bytes": list(token.encode())} for k in range(top)]}
+    return {"content": [entry(i, t) for i, t in enumerate(ids)]}

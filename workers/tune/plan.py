@@ -46,6 +46,8 @@ def plan(
         "requests_per_s": round(per_gpu * job.gpus / job.avg_output_tokens, 2),
         "eta_hours": round(hours, 1),
         "throughput_model": throughput.source,
+        # What the calibration could not read (a snapshot's unknown log lines, version...).
+        "unread_evidence": list(model.unread),
     }
     if job.gpu_price_per_hour is not None:
         out["cost"] = round(hours * job.gpus * job.gpu_price_per_hour, 2)

@@ -62,4 +62,7 @@ def plan_table(given: dict[str, Any], tuned: dict[str, Any] | None) -> Table:
     if tuned:
         changes = tuned.get("flag_changes") or {}
         table.add_row("flag changes", "", ", ".join(f"--{k} {v}" for k, v in changes.items()))
+    if given.get("unread_evidence"):
+        table.caption = "not read: " + "; ".join(given["unread_evidence"])
+        table.caption_justify = "left"
     return table
