@@ -228,7 +228,7 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
     _, _, rows, _ = batch_rows(store, "oai", 0)
     for row in rows:
         content = orjson.loads(row["logprobs"])["content"]
-        assert len(content) == row["completion_tokens"] - (row["finish_reason"] == "stop")
+        assert len(content) == row["completion_tokens"]  # the stop token too, as in SGLang
     # Plain prompts go to /generate: return_logprob and top_logprobs_num, kept the same way.
     src = _jsonl(tmp_path / "gen.jsonl", [
         {"custom_id": f"g{i}", "body": {"prompt": f"p{i}", "max_tokens": 8, "logprobs": 2}}

@@ -234,6 +234,32 @@ def test_unknown_sampling_key_is_a_bare_500_as_in_sglang(small: Sim) -> None:
     assert small.get("/health").status_code == 200
 
 
+def test_logprobs_come_in_sglangs_shapes_and_badly_typed_fields_are_refused(small: Sim) -> None:
+    # /generate: TokenizerManager.add_logprob_to_meta_info, one (logprob, id, text) per output
+    # token; top_logprobs_num > 0 adds the input and output top lists.
+    got = small.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 5},
+                                   "return_logprob": True, "top_logprobs_num": 2}).json()
+    meta = got["meta_info"]
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+    assert [x[1] for x in meta["output_token_logprobs"]] == got["output_ids"]
+    assert meta["input_top_logprobs"] == [] and {len(t) for t in meta["output_top_logprobs"]} == {2}
+    plain = small.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 5},
+                                     "top_logprobs_num": 2}).json()["meta_info"]
+    assert not any(k.endswith("logprobs") for k in plain)  # return_logprob not set
+    # Chat: ChoiceLogprobs over every generated token (the stop token too).
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = small.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 5,
+                                               "logprobs": True, "top_logprobs": 1}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"]
+    assert set(content[0]) == {"token", "bytes", "logprob", "top_logprobs"}
+    assert len(content[0]["top_logprobs"]) == 1
+    # ChatCompletionRequest declares logprobs: bool and top_logprobs: Optional[int].
+    for bad in ({"logprobs": 3}, {"logprobs": "yes"}, {"logprobs": True, "top_logprobs": 1.5}):
+        resp = small.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **bad})
+        assert resp.status_code == 400, bad
+
+
 def test_output_length_is_drawn_from_the_seed_and_the_prompt(small: Sim, start) -> None:
     other = start([*SMALL_MODEL], {"FLEET_SIM_SPEED": "1000", "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40"})
     prompts = [f"prompt number {i}" for i in range(12)]

@@ -74,7 +74,8 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
 
     SGLang's OpenAI routes parse the body into pydantic request models and build the sampling
     dict from named fields (``ChatCompletionRequest.to_sampling_params``), so an unknown body key
-    (``user``, ``logprobs``, ``seed``...) never reaches ``SamplingParams``: it is ignored here too.
+    (``user``, ``seed``...) never reaches ``SamplingParams``: it is ignored here too. ``logprobs``
+    and ``top_logprobs`` are request fields (:func:`chat_logprob_request`).
     """
     params = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos") if k in body}
     params["max_new_tokens"] = max_tokens
@@ -177,13 +178,13 @@ def chat_message(req: SimRequest, thinking: bool) -> tuple[dict[str, Any], int]:
 
 
 def chat_document(state: SimState, req: SimRequest, thinking: bool,
-                  body: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The /v1/chat/completions response (``body``'s ``logprobs`` / ``top_logprobs``)."""
+                  logprob: tuple[bool, int] = (False, 0)) -> dict[str, Any]:
+    """The /v1/chat/completions response (``logprob``: :func:`chat_logprob_request`)."""
     message, reasoning = chat_message(req, thinking)
     kind, matched = _finish(req)
-    body = body or {}
-    logprobs = (chat_logprobs(filler_ids(text_tokens(req)), int(body.get("top_logprobs") or 0))
-                if body.get("logprobs") else None)
+    # Every generated token, the stop token included, as output_token_logprobs holds them.
+    eos = state.shape.eos_token_id if kind == "stop" else None
+    logprobs = chat_logprobs(filler_ids(req.generated, eos), logprob[1]) if logprob[0] else None
     choice = {
         "index": 0,
         "message": message,
@@ -199,6 +200,20 @@ def chat_document(state: SimState, req: SimRequest, thinking: bool,
         "choices": [choice],
         "usage": _usage([req], reasoning),
     }
+
+
+def chat_logprob_request(body: dict[str, Any]) -> tuple[bool, int]:
+    """(return_logprob, top_logprobs_num) of a chat body, typed as ``ChatCompletionRequest``
+    declares them (``logprobs: bool``, ``top_logprobs: Optional[int]``; a value pydantic would
+    refuse is a ValueError, answered 400) and passed on as ``OpenAIServingChat`` does
+    (``return_logprob=request.logprobs, top_logprobs_num=request.top_logprobs or 0``).
+    Stricter than pydantic's lax mode: strings such as "true" or "2" are refused too."""
+    logprobs, top = body.get("logprobs", False), body.get("top_logprobs")
+    if not (isinstance(logprobs, bool) or (type(logprobs) is int and logprobs in (0, 1))):
+        raise ValueError(f"logprobs: Input should be a valid boolean, got {logprobs!r}")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)):
+        raise ValueError(f"top_logprobs: Input should be a valid integer, got {top!r}")
+    return bool(logprobs), top or 0
 
 
 def build_chat(state: SimState, body: dict[str, Any]) -> SimRequest:
@@ -224,12 +239,13 @@ def chat_handler(state: SimState) -> JsonHandler:
         try:
             body = parse_json(raw)
             req = build_chat(state, body)
+            logprob = chat_logprob_request(body)
         except Uncaught as exc:
             return internal_error(exc)
         except (ValueError, TypeError) as exc:
             return openai_error(str(exc))
         done = await state.engine.submit(req)
-        return 200, chat_document(state, done, thinking_on(state, body), body)
+        return 200, chat_document(state, done, thinking_on(state, body), logprob)
 
     return chat
 

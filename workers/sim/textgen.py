@@ -109,12 +109,14 @@ def token_logprobs(ids: list[int], top: int) -> dict[str, Any]:
     """meta_info's logprob fields for output tokens ``ids``, as
     ``TokenizerManager.add_logprob_to_meta_info`` writes them without
     ``return_text_in_logprobs``: ``(logprob, token_id, None)`` per token, and per token the
-    ``top`` best as the same triples when ``top_logprobs_num`` > 0."""
+    ``top`` best as the same triples when ``top_logprobs_num`` > 0. The input lists are left
+    empty: the fleet never asks for prompt logprobs."""
     out: dict[str, Any] = {
         "input_token_logprobs": [],
         "output_token_logprobs": [(filler_logprob(i), t, None) for i, t in enumerate(ids)],
     }
     if top > 0:
+        out["input_top_logprobs"] = []
         out["output_top_logprobs"] = [
             [(filler_logprob(i) - k, t + k, None) for k in range(top)] for i, t in enumerate(ids)]
     return out
