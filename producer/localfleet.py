@@ -84,26 +84,30 @@ class RedisServer:
         stop_process(self.proc, grace_s=5)
 
 
-def start_redis(workdir: Path, port: int | None = None) -> RedisServer:
-    """Start ``redis-server`` on a free port (nothing persisted) and wait until it answers."""
+def start_redis(workdir: Path, port: int | None = None, aof: bool = False) -> RedisServer:
+    """Start ``redis-server`` on a free port and wait until it answers. Nothing is persisted,
+    unless ``aof``: then ``appendonly yes`` (fsync every second), so a restart on the same
+    port and folder reloads what it held."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found: apt-get install redis-server")
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         *(["--appendonly", "yes", "--appendfsync", "everysec"] if aof else
+           ["--appendonly", "no"]),
          "--dir", str(workdir), "--maxmemory-policy", "noeviction"],
         stdout=(workdir / f"redis-{port}.log").open("ab"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     server = RedisServer(port=port, proc=proc)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             if server.client().ping():
                 return server
-        except redis.ConnectionError:
+        except (redis.ConnectionError, redis.ResponseError):  # ResponseError: still loading
             time.sleep(0.05)
     server.stop()
     raise RuntimeError(f"redis-server did not answer on port {port}")

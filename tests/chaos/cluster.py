@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import socket
 import struct
@@ -35,6 +34,7 @@ from producer.localfleet import (
     RedisServer,
     WorkerProcess,
     free_port,
+    start_redis,
     start_worker,
     stop_process,
     wait_healthy,
@@ -155,30 +155,6 @@ def port_outside_ephemeral_range(low: int = 20000) -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-def start_aof_redis(workdir: Path, port: int) -> RedisServer:
-    """``redis-server`` with ``appendonly yes`` on ``port``: a restart reloads what it held."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server not found: apt-get install redis-server")
-    workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-         "--appendfsync", "everysec", "--dir", str(workdir), "--maxmemory-policy", "noeviction"],
-        stdout=(workdir / f"redis-{port}.log").open("ab"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = RedisServer(port=port, proc=proc)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if server.client().ping():
-                return server
-        except (redis.ConnectionError, redis.ResponseError):  # ResponseError: still loading
-            time.sleep(0.05)
-    server.stop()
-    raise RuntimeError(f"redis-server with AOF did not answer on port {port}")
-
-
 def sink_argv(node: str) -> list[str]:
     """Command line of a sink-only worker."""
     return [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "sink", "-n", node,
@@ -210,7 +186,7 @@ class Cluster:
               moto: MotoServer | None, worker_env: dict[str, str]) -> Cluster:
         """Start Redis (AOF), the store, ``gpus`` workers and a sink worker; wait until the
         engines are healthy."""
-        server = start_aof_redis(root / "redis", free_port())
+        server = start_redis(root / "redis", free_port(), aof=True)
         env = {**base_env, **worker_env, "FLEET_REDIS_URL": server.url,
                "FLEET_STORE_URL": (root / "store").as_uri(), "FLEET_LOG_DIR": str(root / "logs")}
         proxy = None

@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from producer.localfleet import start_redis
 from tests.chaos.cluster import (
     Cluster,
     PortSquatter,
@@ -19,7 +20,6 @@ from tests.chaos.cluster import (
     processes,
     signal_group,
     signal_pid,
-    start_aof_redis,
 )
 
 QUEUE_PATTERN = "gpu*"  # the shared queue gpu, pinned gpuN, and kombu's priority variants
@@ -114,7 +114,7 @@ def restart_redis(c: Cluster, hard: bool) -> str:
         server.proc.wait(timeout=10)
     else:
         server.stop()
-    c.redis_server = start_aof_redis(c.root / "redis", server.port)
+    c.redis_server = start_redis(c.root / "redis", server.port, aof=True)
     return f"Redis {'SIGKILLed' if hard else 'shut down'} and restarted from its AOF"
 
 
