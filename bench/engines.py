@@ -110,13 +110,16 @@ class Timeline:
         window = self._window(whole)
         return sum(busy for _, busy, _ in window) / len(window) if window else 0.0
 
-    def whole_decode_rate(self) -> float:
-        """Engine decode tokens/s from the first request until the last batch was done."""
-        first, last = self.t_first, self.t_done
-        start, end = self.decode_at_start, self.decode_at_done
+    def _decode_rate(self, last: float | None, end: float | None) -> float:
+        """Engine decode tokens/s from the first request until ``last`` (counter ``end``)."""
+        first, start = self.t_first, self.decode_at_start
         if first is None or last is None or start is None or end is None:
             return 0.0
         return (end - start) / max(last - first, 1e-9)
+
+    def whole_decode_rate(self) -> float:
+        """Engine decode tokens/s from the first request until the last batch was done."""
+        return self._decode_rate(self.t_done, self.decode_at_done)
 
     @property
     def tail_share(self) -> float:
@@ -132,11 +135,7 @@ class Timeline:
 
     def steady_decode_rate(self) -> float:
         """Engine decode tokens/s from the first request until the last batch was taken."""
-        first, last = self.t_first, self.t_all_taken
-        start, end = self.decode_at_start, self.decode_at_all_taken
-        if first is None or last is None or start is None or end is None:
-            return 0.0
-        return (end - start) / max(last - first, 1e-9)
+        return self._decode_rate(self.t_all_taken, self.decode_at_all_taken)
 
     @property
     def end_to_end_s(self) -> float:
