@@ -159,20 +159,22 @@ def main(argv: list[str] | None = None) -> int:
                 "prompt stealing": {"steal": True}}
     print("model (not a measurement): whole-job occupancy / fleet vs plain client, "
           f"mean of seeds {args.seeds}")
+    n = len(args.seeds)
     for gpus in args.gpus:
         for batch in args.batch_sizes:
             total = gpus * batch * args.batches_per_gpu
-            cells, plain_occ = [], 0.0
+            # Each seed's draws and the plain client's run on them, shared by every variant.
+            runs = [(durs, *plain(durs, gpus))
+                    for durs in (durations(total, seed) for seed in args.seeds)]
+            plain_occ = sum(p_occ for _, _, p_occ in runs) / n
+            cells = []
             for name, v in variants.items():
-                occ = ratio = 0.0
-                for seed in args.seeds:
-                    durs = durations(total, seed)
-                    plain_end, p_occ = plain(durs, gpus)
-                    sizes = cut(total, batch, gpus if v.get("taper") else 0)
-                    end = fleet(durs, sizes, gpus, v.get("hold", 2), v.get("steal", False))
-                    occ += sum(durs) / (gpus * CAP * end) / len(args.seeds)
-                    ratio += plain_end / end / len(args.seeds)
-                    plain_occ += p_occ / len(args.seeds) / len(variants)
+                sizes = cut(total, batch, gpus if v.get("taper") else 0)
+                ends = [(sum(durs), plain_end,
+                         fleet(durs, sizes, gpus, v.get("hold", 2), v.get("steal", False)))
+                        for durs, plain_end, _ in runs]
+                occ = sum(work / (gpus * CAP * end) for work, _, end in ends) / n
+                ratio = sum(plain_end / end for _, plain_end, end in ends) / n
                 cells.append(f"{name} {occ:.3f} / {ratio:.3f}")
             print(f"  {gpus} GPU(s), batches of {batch} (cap {CAP}), plain occupancy "
                   f"{plain_occ:.3f}: " + "; ".join(cells))
