@@ -178,7 +178,7 @@ def worker_pids(main_pid: int) -> tuple[list[int], list[int]]:
     """(a worker's own processes: main + pool children, its engine's: guard + engine)."""
     own, engine = [main_pid], []
     for pid in children(main_pid):
-        if "workers.engine_guard" in cmdline(pid):
+        if "workers.engine.guard" in cmdline(pid):
             engine += [pid, *children(pid)]
         else:
             own.append(pid)

@@ -29,8 +29,8 @@ from bench.common import ROOT, Fleet, Goal, local_fleet, note, verdict, write_ch
 from producer.enqueue import EnqueueReport, stage
 from producer.readers import read_rows
 from producer.status import job_status
-from workers.jobs import JobSpec, load_spec
-from workers.store import open_store
+from workers.dataset.jobs import JobSpec, load_spec
+from workers.dataset.store import open_store
 
 ENQUEUE_GOAL_S = 60.0
 REDIS_GOAL_MB = 50.0
@@ -47,13 +47,13 @@ CLI_IMPORTS = (("redis-py", "redis"), ("config.settings (pydantic-settings)", "c
 MAIN_PARTS = (
     ("read + parse the JSONL (orjson, normalize)", "producer/readers.py", "read_jsonl"),
     ("fingerprint (orjson sort_keys + sha256)", "producer/enqueue.py", "_fingerprint"),
-    ("encode each batch as JSONL (orjson)", "workers/jobs.py", "encode_rows"),
+    ("encode each batch as JSONL (orjson)", "workers/dataset/jobs.py", "encode_rows"),
     ("wait for the writer thread (queue full, last writes)", "~",
      "<method 'acquire' of '_thread.lock' objects>"),
 )
 WRITER_PARTS = (
     ("gzip level 1 (zlib.compress)", "~", "<built-in method zlib.compress>"),
-    ("store writes (write, fsync, rename)", "workers/store.py", "put_stream"),
+    ("store writes (write, fsync, rename)", "workers/dataset/store.py", "put_stream"),
 )
 
 

@@ -22,9 +22,9 @@ import redis
 
 from config.launch_profile import load_profile
 from config.settings import SimSettings
-from workers.capacity import EngineFlags, model_shape, plan_capacity
 from workers.delivery import jobstate
 from workers.delivery.ownership import live_holders
+from workers.engine.capacity import EngineFlags, model_shape, plan_capacity
 from workers.sim.engine import accept_length, step_ms
 from workers.sim.flags import parse_args
 

@@ -101,7 +101,7 @@ LAYERS = (
     ("HTTP client: aiohttp ClientSession._request (pool, parser, streams)",
      "aiohttp/client.py", "_request"),
     ("engine client, the line above included (EngineClient.complete: bodies, JSON, parsing)",
-     "workers/engine_client.py", "complete"),
+     "workers/engine/client.py", "complete"),
     ("concurrency limiter (workers/limiter.py, Limiter.__aenter__)",
      "workers/limiter.py", "__aenter__"),
     ("response JSON parse (orjson.loads)", "~", "<built-in method orjson.loads>"),
@@ -110,7 +110,8 @@ LAYERS = (
     ("result rows (result_row)", "workers/delivery/progress.py", "result_row"),
     ("results to the store (BatchRunner._write_results)",
      "workers/batch_runner.py", "_write_results"),
-    ("batch input from the store (load_batch_input)", "workers/jobs.py", "load_batch_input"),
+    ("batch input from the store (load_batch_input)", "workers/dataset/jobs.py",
+     "load_batch_input"),
 )
 
 

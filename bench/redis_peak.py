@@ -40,11 +40,11 @@ from bench.common import (
     verdict,
     write_chat_prompts,
 )
+from workers.dataset.jobs import PromptRow
+from workers.dataset.store import Store, open_store
 from workers.delivery import jobstate
 from workers.delivery.progress import SPILL_INTERVAL_S, drop_progress, result_row, spill_rows
-from workers.engine_client import Completion
-from workers.jobs import PromptRow
-from workers.store import Store, open_store
+from workers.engine.client import Completion
 
 REDIS_GOAL_MB = 50.0
 FLAT_GOAL = 1.10  # peak at the largest rows / peak at the smallest: "flat"

@@ -33,8 +33,8 @@ from producer.enqueue import PARALLEL_PUTS, BatchWriter, EnqueueReport, stage
 from producer.localfleet import free_port
 from producer.readers import read_rows
 from tests.tcpproxy import TcpProxy
-from workers.jobs import JobSpec
-from workers.store import open_store
+from workers.dataset.jobs import JobSpec
+from workers.dataset.store import open_store
 
 GOAL_S = 60.0
 PROMPT_BYTES = 1024

@@ -7,7 +7,7 @@ and rolls it out. The figure is the canary's engine throughput after / before, a
 measured it from ``sglang:realtime_tokens_total`` (not a client-side count). Then the job must
 finish with ``verify`` ok: a re-tune loses no prompt.
 
-The simulator and the tuner share the capacity arithmetic (workers/capacity.py) and the
+The simulator and the tuner share the capacity arithmetic (workers/engine/capacity.py) and the
 throughput curve (workers.sim.engine.step_ms), so this measures the control loop, not a GPU:
 the gain on real GPUs is unmeasured. Beside it, :func:`seed_prediction` prints what the tuner
 predicts for the seed's B200 run (``fleet tune plan`` for 7 GPUs, 913,786 prompts of 2,490
@@ -62,7 +62,8 @@ def seed_prediction() -> None:
          f"{tok0:,.0f} tok/s per GPU, ETA {base['eta_hours']:.1f} h -> tuner's {alt['profile']}:"
          f" {run1} running, {tok1:,.0f} tok/s per GPU (x{tok1 / tok0:.2f}), ETA "
          f"{alt['eta_hours']:.1f} h")
-    note(f"  SGLang's arithmetic (workers/capacity.py, checked against the run's logs): the caps "
+    note(f"  SGLang's arithmetic (workers/engine/capacity.py, checked against the run's logs): "
+         f"the caps "
          f"{run0} and {run1}; fitted: tok/s, a step-time line through the run's two measured "
          f"points {MEASURED} (exact at those, no residual to judge it by); beyond 40 running "
          f"it is extrapolated: with the per-request step cost x2 or x0 past 40, {low:,.0f}-"

@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     # Result/staging store: file:///abs/path (embedded default) or s3://bucket/prefix.
     store_url: str = Field(default_factory=_default_store_url)
     # enqueue refuses a store on this node (a folder, MinIO on the node: lost when a rented
-    # node is returned) unless this is set (workers/store_location.py).
+    # node is returned) unless this is set (workers/dataset/location.py).
     allow_node_local_store: bool = False
 
     # --- engine -------------------------------------------------------------------------
@@ -192,14 +192,14 @@ class Settings(BaseSettings):
     # --- producer -------------------------------------------------------------------------
     batch_size: int = 500
 
-    # --- sink (workers/sink.py) -----------------------------------------------------------
+    # --- sink (workers/dataset/sink.py) -----------------------------------------------------------
     # A data-set shard is closed at the first batch boundary where its Parquet file reaches
     # shard_target_bytes or it holds shard_rows rows.
     shard_target_bytes: int = 256 * 2**20
     shard_rows: int = 1_000_000
     # Uncompressed row bytes buffered per Parquet row group.
     shard_row_group_bytes: int = 64 * 2**20
-    # Enqueue fleet.sink_job when a job's last batch is done (see workers/sink.py).
+    # Enqueue fleet.sink_job when a job's last batch is done (see workers/dataset/sink.py).
     sink_auto: bool = True
 
     sim: SimSettings = Field(default_factory=SimSettings)

@@ -123,7 +123,7 @@ def store_env() -> Env:
         "FLEET_STORE_URL": "${FLEET_STORE_URL:-s3://${S3_BUCKET:-fleet}/${S3_PREFIX:-runs}}",
         # Empty means AWS S3. MinIO on this node is an explicit choice (S3_ENDPOINT_URL=
         # http://minio:9000, profile minio, FLEET_ALLOW_NODE_LOCAL_STORE=1): its data is lost
-        # with the node (workers/store_location.py).
+        # with the node (workers/dataset/location.py).
         "FLEET_S3_ENDPOINT_URL": "${FLEET_S3_ENDPOINT_URL:-${S3_ENDPOINT_URL:-}}",
         "FLEET_S3_REGION": "${FLEET_S3_REGION:-${AWS_DEFAULT_REGION:-us-east-1}}",
         "AWS_ACCESS_KEY_ID": need("AWS_ACCESS_KEY_ID"),

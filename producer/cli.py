@@ -19,9 +19,9 @@ import redis
 import typer
 
 from config.settings import Settings, load_settings
+from workers.dataset.jobs import check_job_name, load_spec
+from workers.dataset.store import Store, open_store
 from workers.errors import FleetError, InputError, JobError
-from workers.jobs import check_job_name, load_spec
-from workers.store import Store, open_store
 from workers.tune.cli import app as tune_app
 
 if TYPE_CHECKING:
@@ -132,8 +132,8 @@ def enqueue(
     from producer.readers import ReadOptions, read_rows
     from producer.reuse import reuse_hook
     from workers import app
-    from workers.sink import trigger_if_complete
-    from workers.store_location import locate, require_off_node
+    from workers.dataset.location import locate, require_off_node
+    from workers.dataset.sink import trigger_if_complete
 
     settings = load_settings()
     require_off_node(locate(settings.store_url, settings.s3.endpoint_url),
@@ -169,7 +169,7 @@ def status(
 ) -> None:
     """Progress, rate (requests/s, output tokens/s), ETA and the per-GPU view of a job."""
     from producer.status import job_status
-    from workers.store_location import locate
+    from workers.dataset.location import locate
 
     settings = load_settings()
     store, r = _open(settings)

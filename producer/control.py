@@ -16,11 +16,11 @@ import redis
 from celery import Celery
 
 from producer.enqueue import EnqueueReport, reconcile
+from workers.dataset.jobs import JobSpec
+from workers.dataset.store import Store
 from workers.delivery import jobstate
 from workers.delivery.whereabouts import remove_queued
 from workers.errors import JobError
-from workers.jobs import JobSpec
-from workers.store import Store
 
 STATES = ("running", "paused", "cancelled")
 

@@ -30,10 +30,7 @@ import orjson
 import redis
 from celery import Celery
 
-from workers.delivery import jobstate, whereabouts
-from workers.delivery.lease import unacked_key
-from workers.errors import InputError, JobError
-from workers.jobs import (
+from workers.dataset.jobs import (
     JobSpec,
     SamplingSpec,
     batch_of_input_key,
@@ -45,7 +42,10 @@ from workers.jobs import (
     staged_sha256,
     uncompressed,
 )
-from workers.store import ObjectMissing, Store
+from workers.dataset.store import ObjectMissing, Store
+from workers.delivery import jobstate, whereabouts
+from workers.delivery.lease import unacked_key
+from workers.errors import InputError, JobError
 
 # Staged batches in flight at once (compress + PUT, or a re-run's read-back check): a remote
 # store answers each request slowly (tens of ms), so one request at a time would leave the

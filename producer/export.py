@@ -28,10 +28,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from workers.dataset.manifest import SCHEMA, load_manifest, row_bucket
+from workers.dataset.store import FILE_MODE, RetryingStore, Store, fsync_dir
 from workers.errors import JobError, StoreError
-from workers.manifest import SCHEMA, load_manifest, row_bucket
 from workers.retry import RetryPolicy
-from workers.store import FILE_MODE, RetryingStore, Store, fsync_dir
 
 FORMATS = ("parquet", "jsonl", "openai-batch")
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import orjson
 
+from workers.dataset.jobs import SamplingSpec, load_spec
+from workers.dataset.store import Store
+from workers.engine.sampling import SamplingError, job_params, translate
 from workers.errors import InputError, JobError
-from workers.jobs import SamplingSpec, load_spec
-from workers.sampling_params import SamplingError, job_params, translate
-from workers.store import Store
 
 NAMED = ("max_new_tokens", "temperature", "top_p")
 

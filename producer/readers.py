@@ -1,6 +1,6 @@
 """Read prompt data sets row by row: JSONL (optionally gzipped), Parquet, OpenAI-batch lines.
 
-Every row becomes the dict it is staged as: the fields of :class:`workers.jobs.PromptRow` in
+Every row becomes the dict it is staged as: the fields of :class:`workers.dataset.jobs.PromptRow` in
 their order, those at their default left out (what ``PromptRow.model_dump(exclude_defaults=True)``
 gives, built directly: a million rows through the model cost seconds), with the row's 0-based
 position in the data set as ``index``. A row that is valid JSON but carries no usable prompt
@@ -26,8 +26,8 @@ import orjson
 
 from config.settings import S3Settings
 from producer.sources import Part, list_parts
+from workers.engine.sampling import SamplingError, check_row_params, translate
 from workers.errors import InputError
-from workers.sampling_params import SamplingError, check_row_params, translate
 
 # OpenAI-batch body keys that are request plumbing, not generation parameters.
 BODY_SKIP = ("messages", "prompt", "model", "stream")

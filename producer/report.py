@@ -26,10 +26,10 @@ import redis
 
 from producer import plots
 from producer.status import job_status
+from workers.dataset.jobs import JobSpec, batch_of_result_key, decode_rows, results_prefix
+from workers.dataset.manifest import row_bucket
+from workers.dataset.store import Store
 from workers.delivery import jobstate
-from workers.jobs import JobSpec, batch_of_result_key, decode_rows, results_prefix
-from workers.manifest import row_bucket
-from workers.store import Store
 
 PERCENTILES = (50, 90, 99)
 

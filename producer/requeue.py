@@ -1,6 +1,6 @@
 """Send quarantined (or truncated) prompts of a finished job back to the GPUs.
 
-The whole command holds the job's data-set lock (:mod:`workers.sinklock`), so it never runs
+The whole command holds the job's data-set lock (:mod:`workers.dataset.sink_lock`), so it never runs
 beside the sink. Before it deletes anything it removes ``_SUCCESS`` and marks the committed
 manifest incomplete (``complete: false``, ``reopened``), and it re-arms the sink's automatic
 trigger, so the last requeued batch aggregates the job again.
@@ -21,9 +21,7 @@ import redis
 from celery import Celery
 
 from workers.celery_app import SHARED_QUEUE
-from workers.delivery import jobstate
-from workers.delivery.progress import spill_rows
-from workers.jobs import (
+from workers.dataset.jobs import (
     JobSpec,
     batch_of_result_key,
     compress_rows,
@@ -35,10 +33,12 @@ from workers.jobs import (
     save_spec,
     staged_sha256,
 )
-from workers.manifest import encode_manifest, load_manifest, manifest_key, success_key
-from workers.sink import reset_auto_trigger
-from workers.sinklock import SinkLock
-from workers.store import Store
+from workers.dataset.manifest import encode_manifest, load_manifest, manifest_key, success_key
+from workers.dataset.sink import reset_auto_trigger
+from workers.dataset.sink_lock import SinkLock
+from workers.dataset.store import Store
+from workers.delivery import jobstate
+from workers.delivery.progress import spill_rows
 
 LOCK_WAIT_S = 300.0
 

@@ -5,7 +5,7 @@ the prompt or messages and the row's effective sampling (job sampling with the r
 overrides: exactly what a worker would send), and OLD's row finished ``ok`` on an engine
 launched exactly as this producer's profile (``FLEET_PROFILE``) says: every row records the
 digest of its engine's effective launch flags and environment
-(:func:`workers.manifest.launch_digest`), and only rows with the digest of that profile, as
+(:func:`workers.dataset.manifest.launch_digest`), and only rows with the digest of that profile, as
 it is now on disk, are reused (an edited profile under the same name, a worker running
 another profile, or a row from before digests were recorded is regenerated). Failed rows are
 never reused. Repeated prompts are
@@ -33,10 +33,7 @@ import redis
 
 from config.launch_profile import ProfileError, load_profile
 from workers.batch_runner import sampling_for
-from workers.delivery import jobstate, ownership, whereabouts
-from workers.delivery.progress import spill_rows
-from workers.errors import JobError
-from workers.jobs import (
+from workers.dataset.jobs import (
     JobSpec,
     PromptRow,
     decode_rows,
@@ -45,9 +42,12 @@ from workers.jobs import (
     load_spec,
     result_key,
 )
-from workers.manifest import launch_digest, row_bucket
-from workers.sink import prefetched, stored_batches
-from workers.store import Store
+from workers.dataset.manifest import launch_digest, row_bucket
+from workers.dataset.sink import prefetched, stored_batches
+from workers.dataset.store import Store
+from workers.delivery import jobstate, ownership, whereabouts
+from workers.delivery.progress import spill_rows
+from workers.errors import JobError
 
 REUSE_NODE = "reuse"
 CACHED_BATCHES = 16

@@ -9,17 +9,17 @@ from typing import Any
 import redis
 
 from config.settings import Settings
-from workers.manifest import committed_prefix, location
-from workers.sink import ShardLimits, aggregate, request_sink, wait_sink
-from workers.sinklock import SinkLock
-from workers.store import open_store, store_policy
+from workers.dataset.manifest import committed_prefix, location
+from workers.dataset.sink import ShardLimits, aggregate, request_sink, wait_sink
+from workers.dataset.sink_lock import SinkLock
+from workers.dataset.store import open_store, store_policy
 
 
 def run_sink(settings: Settings, job: str, wait: bool, local: bool, timeout_s: float
              ) -> dict[str, Any] | None:
     """Aggregate ``job``: in-process (``local``, under the job's data-set lock, waiting up to
     ``timeout_s`` for it), or through the ``sink`` queue."""
-    from workers.jobs import load_spec
+    from workers.dataset.jobs import load_spec
 
     store = open_store(settings.store_url, settings.s3)
     load_spec(store, job)  # a clear error for an unknown job, before anything else

@@ -7,11 +7,11 @@ from typing import Any
 
 import redis
 
+from workers.dataset.jobs import JobSpec
+from workers.dataset.location import StoreLocation
 from workers.delivery import jobstate
 from workers.delivery.ownership import live_holders
 from workers.heartbeat import read_heartbeats
-from workers.jobs import JobSpec
-from workers.store_location import StoreLocation
 
 RATE_WINDOW_S = 60
 

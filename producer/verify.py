@@ -1,5 +1,5 @@
-"""Verify a job from the result store alone; the logic lives in :mod:`workers.verify`."""
+"""Verify a job from the result store alone; the logic lives in :mod:`workers.dataset.verify`."""
 
-from workers.verify import verify_job
+from workers.dataset.verify import verify_job
 
 __all__ = ["verify_job"]

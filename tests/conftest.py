@@ -49,7 +49,7 @@ def fleet_env(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
     env.update({
         "FLEET_REDIS_URL": redis_server.url,
         "FLEET_STORE_URL": (tmp_path / "store").as_uri(),
-        "FLEET_ALLOW_NODE_LOCAL_STORE": "1",  # a folder store (workers/store_location.py)
+        "FLEET_ALLOW_NODE_LOCAL_STORE": "1",  # a folder store (workers/dataset/location.py)
         "FLEET_ENGINE": "sim",
         "FLEET_PROFILE": "qwen36-27b",
         "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),

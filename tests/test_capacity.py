@@ -1,4 +1,4 @@
-"""Tests of workers.capacity against the observed run (0.5.11, Qwen3.6-27B + MTP, B200s)."""
+"""Tests of workers.engine.capacity against the observed run (0.5.11, Qwen3.6-27B + MTP, B200s)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from config.launch_profile import load_profile
-from workers.capacity import (
+from workers.engine.capacity import (
     GENERIC_8B,
     QWEN3_0_6B,
     QWEN36_27B,

@@ -11,8 +11,8 @@ from config.launch_profile import load_profile
 from config.settings import Settings
 from tests.conftest import run_producer, wait_done, write_prompts
 from workers.celery_app import make_app
+from workers.engine.relaunch_guard import LEVERS, RelaunchRefused, vet
 from workers.heartbeat import read_heartbeats
-from workers.relaunch_guard import LEVERS, RelaunchRefused, vet
 
 
 def _jobs(env: dict[str, str]) -> dict[str, dict]:
@@ -72,7 +72,7 @@ def test_cancel_removes_queued_batches_and_stops_running_ones(fleet_env, make_wo
     assert job["state"] == "cancelled" and job["completed"] < 100
 
 
-# --- fleet_relaunch: the control path refuses hostile payloads (workers/relaunch_guard.py) --
+# --- fleet_relaunch: the control path refuses hostile payloads (engine/relaunch_guard.py) --
 
 HOSTILE = {
     "name": "qwen36-27b-tune9",

@@ -23,9 +23,8 @@ from celery import Celery
 from producer.requeue import requeue_failed
 from tests.conftest import ROOT
 from tests.test_sink import cli, local_root, make_job, prompt_rows, write_results
-from workers.errors import FleetError
-from workers.jobs import decode_rows, load_spec, result_key
-from workers.manifest import (
+from workers.dataset.jobs import decode_rows, load_spec, result_key
+from workers.dataset.manifest import (
     committed_prefix,
     data_prefix,
     load_manifest,
@@ -34,9 +33,10 @@ from workers.manifest import (
     success_key,
     to_record,
 )
-from workers.sink import ShardLimits, aggregate, state_key
-from workers.sinklock import LockLost, SinkLock, lock_key
-from workers.store import LocalStore, Store
+from workers.dataset.sink import ShardLimits, aggregate, state_key
+from workers.dataset.sink_lock import LockLost, SinkLock, lock_key
+from workers.dataset.store import LocalStore, Store
+from workers.errors import FleetError
 
 LIMITS = ShardLimits(rows=20)
 STEPS = ("shards-written", "manifest-written", "success-written", "cleanup")
@@ -44,8 +44,8 @@ STEPS = ("shards-written", "manifest-written", "success-written", "cleanup")
 KILL_AT = """
 import os, signal, sys
 from pathlib import Path
-from workers.sink import ShardLimits, aggregate
-from workers.store import LocalStore
+from workers.dataset.sink import ShardLimits, aggregate
+from workers.dataset.store import LocalStore
 
 root, job, at = sys.argv[1:4]
 

@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_sink import cli, default_fail, fake_result, local_root, make_job, prompt_rows
-from workers.jobs import PromptRow, decode_rows, encode_rows, load_batch_input, result_key
-from workers.manifest import committed_prefix, load_manifest
-from workers.sink import ShardLimits, aggregate
-from workers.store import LocalStore
-from workers.verify import verify_job
+from workers.dataset.jobs import PromptRow, decode_rows, encode_rows, load_batch_input, result_key
+from workers.dataset.manifest import committed_prefix, load_manifest
+from workers.dataset.sink import ShardLimits, aggregate
+from workers.dataset.store import LocalStore
+from workers.dataset.verify import verify_job
 
 BUCKETS = ("ok", "truncated", "failed", "quarantined")
 

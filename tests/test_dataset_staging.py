@@ -14,8 +14,7 @@ from producer.readers import read_rows
 from producer.requeue import requeue_failed
 from tests.conftest import write_prompts
 from tests.test_sink import make_job, prompt_rows
-from workers.errors import JobError
-from workers.jobs import (
+from workers.dataset.jobs import (
     SamplingSpec,
     encode_rows,
     input_key,
@@ -23,7 +22,8 @@ from workers.jobs import (
     load_spec,
     save_spec,
 )
-from workers.store import LocalStore
+from workers.dataset.store import LocalStore
+from workers.errors import JobError
 
 
 @pytest.fixture()

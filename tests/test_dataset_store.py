@@ -21,10 +21,10 @@ from producer.export import export
 from tests.s3fixture import AWS_ENV
 from tests.test_s3 import bucket_of
 from tests.test_sink import make_job, prompt_rows
+from workers.dataset.sink import ShardLimits, aggregate
+from workers.dataset.store import LocalStore, RetryingStore, S3Store, StoreDenied
 from workers.errors import StoreError
 from workers.retry import RetryPolicy
-from workers.sink import ShardLimits, aggregate
-from workers.store import LocalStore, RetryingStore, S3Store, StoreDenied
 
 pytest_plugins = ["tests.s3fixture"]
 

@@ -21,14 +21,14 @@ import redis.asyncio as aioredis
 from config.launch_profile import load_profile
 from producer.localfleet import free_port
 from workers.context import WorkerIdentity
+from workers.dataset.jobs import encode_rows, result_key
+from workers.dataset.store import open_store
 from workers.delivery import jobstate, lease, ownership, whereabouts
 from workers.delivery.gate import ConsumerGate
 from workers.delivery.gpu_share import Claim, allowed, others_in_flight
 from workers.delivery.ownership import LostOwnership, Ownership
 from workers.delivery.progress import BatchEnv, ProgressRecorder, read_progress
-from workers.engine import Engine, EngineSpec
-from workers.jobs import encode_rows, result_key
-from workers.store import open_store
+from workers.engine.lifecycle import Engine, EngineSpec
 
 
 def _row(job: str, batch: int, index: int, status: str = "ok") -> dict:
@@ -340,8 +340,8 @@ def test_the_janitor_resends_a_batch_lost_in_two_rounds_and_leaves_the_rest(
         r: redis.Redis, redis_server, tmp_path: Path) -> None:
     from config.settings import Settings
     from workers.celery_app import make_app
+    from workers.dataset.jobs import JobSpec, save_spec
     from workers.delivery.janitor import Janitor
-    from workers.jobs import JobSpec, save_spec
 
     store = open_store(tmp_path.as_uri(), None)
     app = make_app(Settings(redis_url=redis_server.url))

@@ -187,7 +187,7 @@ def test_engine_pinning_agrees_with_the_compose_file(compose):
     from config.launch_profile import load_profile
     from config.settings import Settings
     from workers.context import gpu_from_queues
-    from workers.engine import EngineSpec
+    from workers.engine.lifecycle import EngineSpec
 
     svc = compose["services"]["gpu3"]
     cmd = svc["command"]
@@ -485,7 +485,7 @@ def fleet_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_an_empty_endpoint_means_aws_and_minio_is_an_explicit_choice(compose):
     from config.settings import S3Settings
-    from workers.store_location import locate
+    from workers.dataset.location import locate
 
     env = env_example()
     assert "minio" not in env["COMPOSE_PROFILES"].split(",")
@@ -592,14 +592,14 @@ def test_stop_grace_covers_handing_batches_back_through_a_slow_store(compose):
     """The grace period is for the hand-back (store retries at their worst, then the engine's
     stop), not for finishing a batch; it comes from .env (STOP_GRACE_PERIOD) when set."""
     from config.settings import Settings
-    from workers.store import store_policy
+    from workers.dataset.store import store_policy
 
     settings = Settings()
     policy = store_policy(settings)
     # workers/retry.py backoff_s at its longest (full jitter) between every two attempts.
     worst_store_s = sum(min(policy.max_s, policy.base_s * 2 ** (a - 1)) * (1 + policy.jitter)
                         for a in range(1, policy.max_attempts))
-    engine_stop_s = settings.engine_stop_grace_s + 5  # workers/engine.py Engine.stop
+    engine_stop_s = settings.engine_stop_grace_s + 5  # workers/engine/lifecycle.py Engine.stop
     model = interpolate(compose, env_example())
     for gpu, svc in gpu_services(model).items():
         assert duration_s(svc["stop_grace_period"]) >= worst_store_s + engine_stop_s, gpu
@@ -622,7 +622,7 @@ def test_exporters_are_published_on_metrics_bind_only(compose):
 
 
 def test_gpu_workers_have_open_files_kernel_caches_and_rotating_logs(compose):
-    from workers.engine import engine_base_env
+    from workers.engine.lifecycle import engine_base_env
 
     model = interpolate(compose, env_example())
     for gpu, svc in gpu_services(model).items():
@@ -634,7 +634,7 @@ def test_gpu_workers_have_open_files_kernel_caches_and_rotating_logs(compose):
         env = env_of(svc)
         jit = {k: v for k, v in env.items() if k in compose_gen.JIT_ENV}
         assert jit and all(v.startswith(target) for v in jit.values()), gpu
-        # The engine inherits them (workers/engine.py keeps only what it needs).
+        # The engine inherits them (workers/engine/lifecycle.py keeps only what it needs).
         assert set(jit) <= set(engine_base_env({k: v or "" for k, v in env.items()})), gpu
     for name, svc in model["services"].items():
         options = svc["logging"]["options"]

@@ -43,6 +43,6 @@ def test_data_reports_and_env_files_stay_out_of_the_image():
                  ".env", ".env.prod", ".env.local", "fleet-data/jobs/x/job.json",
                  "logs/engine-gpu0.log", "certs/redis.key", "workers/__pycache__/x.pyc"):
         assert excluded(path), path
-    for path in ("workers/engine.py", "config/profiles/qwen36-27b.toml", "pyproject.toml",
+    for path in ("workers/engine/lifecycle.py", "config/profiles/qwen36-27b.toml", "pyproject.toml",
                  "requirements.lock", "deploy/compose_gen.py", "Dockerfile"):
         assert not excluded(path), path

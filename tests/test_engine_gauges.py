@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from workers.engine.metrics import parse_metrics
 from workers.gauges import sample_from
-from workers.tune.engine_metrics import parse_metrics
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "tune" / "snapshots"
 

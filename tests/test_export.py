@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 
 from tests.conftest import run_producer
 from tests.test_sink import cli, local_root, make_job, prompt_rows
-from workers.jobs import PromptRow
-from workers.manifest import SCHEMA, committed_prefix
-from workers.store import LocalStore
+from workers.dataset.jobs import PromptRow
+from workers.dataset.manifest import SCHEMA, committed_prefix
+from workers.dataset.store import LocalStore
 
 
 def _job(fleet_env, name: str = "ex") -> LocalStore:

@@ -11,9 +11,9 @@ import pytest
 
 from producer.readers import ReadOptions, read_rows
 from tests.conftest import run_producer
+from workers.dataset.jobs import load_batch_input
+from workers.dataset.store import open_store
 from workers.errors import InputError
-from workers.jobs import load_batch_input
-from workers.store import open_store
 
 OPTS = ReadOptions(prompt_column="question", messages_column="dialog", id_column="qid")
 

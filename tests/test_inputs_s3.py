@@ -15,9 +15,9 @@ from config.settings import S3Settings
 from producer.enqueue import EnqueueReport, stage
 from producer.readers import ReadOptions, read_rows
 from tests.conftest import run_producer
+from workers.dataset.jobs import load_spec
+from workers.dataset.store import LocalStore, open_store
 from workers.errors import InputError
-from workers.jobs import load_spec
-from workers.store import LocalStore, open_store
 
 pytest_plugins = ["tests.s3fixture"]
 

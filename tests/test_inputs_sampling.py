@@ -14,18 +14,18 @@ from aiohttp import web
 
 from producer.readers import ReadOptions, read_rows
 from tests.conftest import run_producer, wait_done
-from workers.engine_client import EngineClient
-from workers.errors import InputError
-from workers.jobs import JobSpec, PromptRow, SamplingSpec, load_spec
-from workers.sampling_params import (
+from workers.dataset.jobs import JobSpec, PromptRow, SamplingSpec, load_spec
+from workers.dataset.store import open_store
+from workers.dataset.verify import batch_rows
+from workers.engine.client import EngineClient
+from workers.engine.sampling import (
     SAMPLING_PARAMS,
     SamplingError,
     job_params,
     sampling_for,
     translate,
 )
-from workers.store import open_store
-from workers.verify import batch_rows
+from workers.errors import InputError
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:

@@ -6,8 +6,8 @@ import pytest
 
 from producer.cli import RET_JOB
 from tests.conftest import run_producer, write_prompts
+from workers.dataset.jobs import check_job_name
 from workers.errors import JobError
-from workers.jobs import check_job_name
 
 BAD = ("job\n", "job\r\n", "../x", "a b", "*", "", "-x", "j" * 129)
 

@@ -30,15 +30,15 @@ from producer.localfleet import RedisServer, free_port
 from producer.report import build_report
 from workers.celery_app import make_app
 from workers.context import WorkerIdentity
+from workers.dataset.jobs import JobSpec, encode_rows, result_key, save_spec
+from workers.dataset.store import open_store
 from workers.delivery import jobstate
 from workers.delivery.progress import BatchEnv, ProgressRecorder
-from workers.engine import EngineState
+from workers.engine.lifecycle import EngineState
 from workers.events import BATCH_TASK, TaskProgress, format_task, worker_info
 from workers.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
-from workers.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.metrics import Exporter, FleetCollector, node_prompts_key, record_batch
 from workers.sim.report import SimMetrics
-from workers.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "gpu3@obs"

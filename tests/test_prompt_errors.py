@@ -13,7 +13,7 @@ import redis
 
 from tests.conftest import run_producer, wait_done
 from tests.simproc import Sim, launch
-from workers.engine_client import EngineClient, Sampling
+from workers.engine.client import EngineClient, Sampling
 from workers.errors import PromptFailed
 
 

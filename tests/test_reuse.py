@@ -9,10 +9,7 @@ from config.launch_profile import load_profile
 from producer.reuse import apply_reuse
 from tests.conftest import run_producer, write_prompts
 from tests.test_sink import cli, digest_of, local_root, make_job, prompt_rows, write_results
-from workers.delivery import jobstate
-from workers.delivery.progress import read_progress
-from workers.errors import JobError
-from workers.jobs import (
+from workers.dataset.jobs import (
     PromptRow,
     SamplingSpec,
     decode_rows,
@@ -20,8 +17,11 @@ from workers.jobs import (
     load_spec,
     result_key,
 )
-from workers.manifest import launch_digest
-from workers.store import LocalStore
+from workers.dataset.manifest import launch_digest
+from workers.dataset.store import LocalStore
+from workers.delivery import jobstate
+from workers.delivery.progress import read_progress
+from workers.errors import JobError
 
 
 def test_enqueue_reuse_from_stores_whole_batches_and_prefills_partial_ones(fleet_env, tmp_path, r):

@@ -15,10 +15,10 @@ from pyarrow import fs
 from config.settings import S3Settings
 from tests.conftest import run_producer, write_prompts
 from tests.test_sink import cli, digest_of, wait_job
+from workers.dataset.jobs import decode_rows, result_key
+from workers.dataset.manifest import manifest_key, success_key
+from workers.dataset.store import LocalStore, S3Store, open_store
 from workers.errors import StoreError
-from workers.jobs import decode_rows, result_key
-from workers.manifest import manifest_key, success_key
-from workers.store import LocalStore, S3Store, open_store
 
 pytest_plugins = ["tests.s3fixture"]  # the moto_server and s3_env fixtures
 MIB = 2**20

@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from config.launch_profile import load_profile
-from workers.engine import Engine, EngineSpec
-from workers.sglang_versions import SUPPORTED, UnsupportedVersion, check_version
+from workers.engine.lifecycle import Engine, EngineSpec
+from workers.engine.log import parse_log
+from workers.engine.versions import SUPPORTED, UnsupportedVersion, check_version
 from workers.tune import snapshot
 from workers.tune.diagnose import diagnose
-from workers.tune.engine_log import parse_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 CAPS = {"0.5.10.post1": 20, "0.5.11": 16}  # 80 slots // R (4 without spec v2, 5 with it)

@@ -19,8 +19,7 @@ from config.launch_profile import ProfileError, load_profile
 from producer.enqueue import EnqueueReport, stage
 from producer.localfleet import stop_process
 from tests.conftest import ROOT, run_producer, write_prompts
-from workers.errors import StoreError
-from workers.jobs import (
+from workers.dataset.jobs import (
     JobSpec,
     PromptRow,
     SamplingSpec,
@@ -29,16 +28,17 @@ from workers.jobs import (
     result_key,
     save_spec,
 )
-from workers.manifest import (
+from workers.dataset.manifest import (
     SCHEMA,
     committed_prefix,
     launch_digest,
     manifest_key,
     success_key,
 )
+from workers.dataset.sink import ShardLimits, aggregate
+from workers.dataset.store import LocalStore, Store
+from workers.errors import StoreError
 from workers.retry import RetryPolicy
-from workers.sink import ShardLimits, aggregate
-from workers.store import LocalStore, Store
 
 
 def local_root(env: dict[str, str]) -> Path:

@@ -15,9 +15,9 @@ import pytest
 
 from producer.enqueue import PARALLEL_PUTS, BatchWriter, EnqueueReport, stage
 from producer.readers import read_rows
+from workers.dataset.jobs import PromptRow, input_key, load_batch_input
+from workers.dataset.store import LocalStore
 from workers.errors import InputError, StoreError
-from workers.jobs import PromptRow, input_key, load_batch_input
-from workers.store import LocalStore
 
 # Every shape a reader meets: prompts, chats, OpenAI-batch bodies with parameters, ids that are
 # numbers or missing, and each reason a row is quarantined.
@@ -74,7 +74,7 @@ def test_staged_batches_and_fingerprint_are_unchanged(tmp_path):
     total, n, fingerprint, report = _stage(store, read_rows(_write_rows(tmp_path / "in.jsonl")))
     assert (total, n, report.staged, fingerprint) == (11, 3, 3, FINGERPRINT)
     raw = [store.get(input_key("j", b)) for b in range(n)]
-    assert all(x[:2] == b"\x1f\x8b" for x in raw)  # gzip, as workers/jobs.py decodes it
+    assert all(x[:2] == b"\x1f\x8b" for x in raw)  # gzip, as workers/dataset/jobs.py decodes it
     assert hashlib.sha256(b"".join(map(gzip.decompress, raw))).hexdigest() == STAGED_SHA256
     assert len(report.bad_rows) == 6 and report.bad_rows[0] == "line 5: row is not an object"
     batch = load_batch_input(store, "j", 2)

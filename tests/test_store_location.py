@@ -7,7 +7,7 @@ import pytest
 
 from producer.cli import RET_JOB
 from tests.conftest import run_producer, write_prompts
-from workers.store_location import locate
+from workers.dataset.location import locate
 
 
 @pytest.mark.parametrize(("store", "endpoint", "where"), [

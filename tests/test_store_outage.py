@@ -11,8 +11,8 @@ from config.settings import Settings
 from tests.conftest import run_producer, wait_done, write_prompts
 from tests.s3fixture import AWS_ENV
 from tests.tcpproxy import TcpProxy
+from workers.dataset.store import store_policy
 from workers.retry import RetryPolicy, backoff_s
-from workers.store import store_policy
 
 pytest_plugins = ["tests.s3fixture"]
 

@@ -16,7 +16,7 @@ from kombu import Connection
 from config.settings import Settings
 from producer.localfleet import free_port, stop_process
 from tests.conftest import run_producer
-from workers.store_location import locate
+from workers.dataset.location import locate
 
 PASSWORD = "tls/pw#x?y=1"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.tune.engine_log import parse_batch, parse_log
-from workers.tune.engine_metrics import parse_metrics
+from workers.engine.log import parse_batch, parse_log
+from workers.engine.metrics import parse_metrics
 from workers.tune.snapshot import read_log
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "tune" / "snapshots"

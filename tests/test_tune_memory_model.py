@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from config.launch_profile import load_profile
-from workers.capacity import QWEN36_27B
+from workers.engine.capacity import QWEN36_27B
+from workers.engine.log import parse_log
 from workers.tune import snapshot
-from workers.tune.engine_log import parse_log
 from workers.tune.flags import apply_changes
 from workers.tune.memory_model import DoesNotFit, calibrate, catalog_model
 

@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from workers import sink
 from workers.aio import cancel_and_wait
+from workers.dataset import sink
+from workers.dataset.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.delivery import jobstate
 from workers.delivery.crashes import CrashTracker
 from workers.delivery.gpu_share import GpuShare
@@ -38,12 +39,11 @@ from workers.delivery.progress import (
     read_progress,
     result_row,
 )
-from workers.engine_client import Completion, EngineClient
+from workers.engine.client import Completion, EngineClient
+from workers.engine.sampling import sampling_for
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
-from workers.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.limiter import Limiter
 from workers.retry import RetryPolicy, backoff_s
-from workers.sampling_params import sampling_for
 
 log = logging.getLogger(__name__)
 

@@ -74,5 +74,7 @@ def make_app(settings: Settings | None = None) -> Celery:
     """Build the Celery app with the fleet's settings and tasks."""
     app = Celery("workers")
     app.conf.update(celery_config(settings or load_settings()))
-    app.conf.imports = ("workers.tasks", "workers.signals", "workers.control", "workers.sink")
+    app.conf.imports = (
+        "workers.tasks", "workers.signals", "workers.control", "workers.dataset.sink"
+    )
     return app

@@ -1,7 +1,7 @@
 """Remote-control commands the fleet adds to Celery (``fleet_relaunch``).
 
 Remote control travels through Redis like tasks do: whoever can write there can send it. The
-command therefore only names a profile (see :mod:`workers.relaunch_guard`); it never carries
+command therefore only names a profile (see :mod:`workers.engine.relaunch_guard`); it never carries
 launch flags outside the tuner's levers, nor environment variables.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from celery.worker.control import control_command
 
 from workers import signals
-from workers.relaunch_guard import RelaunchRefused, vet
+from workers.engine.relaunch_guard import RelaunchRefused, vet
 
 log = logging.getLogger(__name__)
 

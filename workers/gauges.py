@@ -21,8 +21,8 @@ import orjson
 import redis
 
 from workers.delivery import jobstate
-from workers.engine_client import effective_cap
-from workers.tune.engine_metrics import MetricSet, full_kv_usage, parse_metrics
+from workers.engine.client import effective_cap
+from workers.engine.metrics import MetricSet, full_kv_usage, parse_metrics
 
 log = logging.getLogger(__name__)
 

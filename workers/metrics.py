@@ -11,7 +11,7 @@ number comes from a place that already exists or is cheap to keep:
   and survive a worker restart;
 - batch durations: a histogram kept in a Redis hash, bumped by the task when a batch finishes;
 - engine gauges, engine state and restarts: the main process's own :class:`WorkerWatch` cache
-  and :class:`~workers.engine.Engine`.
+  and :class:`~workers.engine.lifecycle.Engine`.
 
 The collector reads them at scrape time. Redis keys (``{node}`` = Celery node name)::
 
@@ -41,7 +41,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from workers.delivery import jobstate
-from workers.engine import EngineState
+from workers.engine.lifecycle import EngineState
 from workers.gauges import EngineSample
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ LABELS = ["gpu", "node"]
 
 
 class EngineView(Protocol):
-    """What the collector reads of the engine (:class:`workers.engine.Engine`)."""
+    """What the collector reads of the engine (:class:`workers.engine.lifecycle.Engine`)."""
 
     state: EngineState
     restarts: int

@@ -26,15 +26,15 @@ from config.settings import Settings
 from workers import heartbeat
 from workers.batch_runner import handback_key
 from workers.context import WorkerIdentity
+from workers.dataset.manifest import launch_digest
 from workers.delivery import gpu_share, jobstate
 from workers.delivery.gate import ConsumerGate
 from workers.delivery.lease import LeaseKeeper
 from workers.delivery.ownership import worker_prefix
 from workers.delivery.stall import StallWatch
-from workers.engine import Engine, EngineSpec
+from workers.engine.lifecycle import Engine, EngineSpec
 from workers.errors import EngineStartFailed
 from workers.gauges import WorkerWatch
-from workers.manifest import launch_digest
 from workers.metrics import Exporter, FleetCollector
 from workers.retry import RetryPolicy, backoff_s
 
@@ -66,7 +66,8 @@ class WorkerRuntime:
                                  gate=self.gate, watchdog_s=settings.lease_watchdog_s)
         self._stop = threading.Event()
         self._relaunch: LaunchProfile | None = None
-        # Profiles a relaunch message may name (workers/relaunch_guard.py): this worker's own.
+        # Profiles a relaunch message may name (workers/engine/relaunch_guard.py): this
+        # worker's own.
         self._trusted: dict[str, LaunchProfile] = {profile.name: profile}
         self._monitor = threading.Thread(target=self._watch, name="fleet-engine", daemon=True)
         self._beat = threading.Thread(target=self._beat_loop, name="fleet-heartbeat", daemon=True)

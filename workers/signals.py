@@ -17,12 +17,12 @@ from celery import bootsteps, signals
 from config.settings import Settings, load_settings
 from workers import context
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
+from workers.dataset.store import open_store
 from workers.delivery import lease
 from workers.delivery.gate import ConsumerGate
 from workers.delivery.janitor import Janitor
 from workers.events import worker_info
 from workers.runtime import WorkerRuntime
-from workers.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class EngineStep(bootsteps.StartStopStep):
         global _runtime
         if _sink_only(worker.app):  # type: ignore[attr-defined]
             # No engine to start; the sink tasks' leases still need renewing.
-            from workers.sink import start_lease_keeper
+            from workers.dataset.sink import start_lease_keeper
 
             start_lease_keeper(worker.app)  # type: ignore[attr-defined]
             return

@@ -21,17 +21,18 @@ from celery.exceptions import Reject
 from celery.worker.request import Request
 
 from config.settings import Settings, load_settings
-from workers import metrics, sink
+from workers import metrics
 from workers.batch_runner import BatchRunner, HandBack, JobStopped
 from workers.context import identity
+from workers.dataset import sink
+from workers.dataset.jobs import load_checked_input, load_spec, result_key
+from workers.dataset.store import RetryingStore, Store, open_store, store_policy
 from workers.delivery import jobstate, whereabouts
 from workers.delivery.ownership import ClaimLapsed, LostOwnership, Ownership
 from workers.delivery.progress import BatchEnv, drop_progress
 from workers.errors import JobError
 from workers.events import TaskProgress
 from workers.heartbeat import heartbeat_key
-from workers.jobs import load_checked_input, load_spec, result_key
-from workers.store import RetryingStore, Store, open_store, store_policy
 
 log = logging.getLogger(__name__)
 

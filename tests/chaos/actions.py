@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.chaos.cluster import ROOT, Cluster
 from tests.conftest import run_producer
-from workers.jobs import batch_of_result_key, result_key, results_prefix
+from workers.dataset.jobs import batch_of_result_key, result_key, results_prefix
 
 COMMAND_TIMEOUT_S = 120
 

@@ -7,7 +7,7 @@ GPU workers started with :func:`producer.localfleet.start_worker` and restarted 
 supervisor when they die, and one sink worker (``celery -A workers worker -Q sink``).
 
 Processes are found through ``/proc``: an engine is the simulator whose command line carries
-``--port <its port>``, its guard the ``workers.engine_guard`` process with the same port, and a
+``--port <its port>``, its guard the ``workers.engine.guard`` process with the same port, and a
 pool child a child of the worker's main process (prefork children are forks: same argv).
 """
 
@@ -40,7 +40,7 @@ from producer.localfleet import (
     wait_healthy,
 )
 from tests.tcpproxy import TcpProxy
-from workers.store import Store, open_store
+from workers.dataset.store import Store, open_store
 
 if TYPE_CHECKING:
     from tests.s3fixture import MotoServer
@@ -90,7 +90,7 @@ def engine_procs(port: int) -> list[Proc]:
 def guard_procs(port: int) -> list[Proc]:
     """Engine guard processes of ``port``."""
     return [p for p in processes()
-            if _module(p) == "workers.engine_guard" and _serves_port(p, port)]
+            if _module(p) == "workers.engine.guard" and _serves_port(p, port)]
 
 
 def signal_pid(pid: int, sig: int) -> bool:

@@ -38,7 +38,7 @@ def kill_pool_child(c: Cluster, gpu: int, pick: int) -> str:
     """SIGKILL one prefork child of a worker (a batch's process dies under it)."""
     main = c.workers[gpu].proc.pid
     children = sorted(p.pid for p in processes()
-                      if p.ppid == main and "workers.engine_guard" not in p.argv)
+                      if p.ppid == main and "workers.engine.guard" not in p.argv)
     if not children:
         return f"skipped: worker gpu{gpu} has no pool child"
     pid = children[pick % len(children)]

@@ -20,9 +20,9 @@ import redis
 
 from tests.chaos.cluster import Cluster
 from tests.conftest import run_producer
-from workers.jobs import batch_of_result_key, decode_rows, results_prefix
-from workers.manifest import manifest_key
-from workers.store import ObjectMissing, Store
+from workers.dataset.jobs import batch_of_result_key, decode_rows, results_prefix
+from workers.dataset.manifest import manifest_key
+from workers.dataset.store import ObjectMissing, Store
 
 COMPARED = ("index", "batch", "status", "finish_reason", "completion", "node")
 

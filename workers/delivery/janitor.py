@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
+from workers.dataset.jobs import JobSpec, job_key
+from workers.dataset.store import Store
 from workers.delivery import jobstate, whereabouts
-from workers.jobs import JobSpec, job_key
-from workers.store import Store
 
 log = logging.getLogger(__name__)
 

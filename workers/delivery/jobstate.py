@@ -148,7 +148,9 @@ def register_job(r: redis.Redis, job: str, spec_json: str) -> None:
 def batch_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """What stored rows add to the job's counters (failed and quarantined are disjoint, as in
     ``verify`` and the manifest)."""
-    from workers.manifest import row_bucket  # pyarrow: kept off the status command's imports
+    from workers.dataset.manifest import (
+        row_bucket,  # pyarrow: kept off the status command's imports
+    )
 
     out = dict.fromkeys(COUNT_FIELDS, 0)
     for row in rows:

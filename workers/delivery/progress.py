@@ -17,14 +17,14 @@ from redis.exceptions import RedisError
 
 from config.settings import Settings
 from workers.context import WorkerIdentity
+from workers.dataset.jobs import JobSpec, PromptRow, progress_chunk_key, progress_prefix
+from workers.dataset.manifest import row_bucket
+from workers.dataset.store import Store
 from workers.delivery import jobstate
 from workers.delivery.ownership import LostOwnership
-from workers.engine_client import Completion
+from workers.engine.client import Completion
 from workers.errors import StoreError
-from workers.jobs import JobSpec, PromptRow, progress_chunk_key, progress_prefix
-from workers.manifest import row_bucket
 from workers.metrics import node_prompts_key
-from workers.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class BatchEnv:
     # Client concurrency fixed by the engine's launch profile (None: derive from its cap).
     profile_concurrency: int | None = None
     on_progress: ProgressHook | None = None
-    # workers.manifest.launch_digest of the engine's launch profile (from its heartbeat).
+    # workers.dataset.manifest.launch_digest of the engine's launch profile (from its heartbeat).
     launch_digest: str | None = None
 
 

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from workers.tune.engine_metrics import parse_metrics
+from workers.engine.metrics import parse_metrics
 
 
 def token_progress(base_url: str) -> tuple[float, float] | None:

@@ -23,11 +23,11 @@ import orjson
 import redis
 from celery import Celery
 
-from workers import sink
 from workers.celery_app import SHARED_QUEUE
+from workers.dataset import sink
+from workers.dataset.jobs import JobSpec, decode_rows, result_key
+from workers.dataset.store import Store
 from workers.delivery import jobstate, ownership
-from workers.jobs import JobSpec, decode_rows, result_key
-from workers.store import Store
 
 BATCH_TASK = "fleet.run_batch"
 

@@ -4,7 +4,8 @@ Launched exactly like ``python -m sglang.launch_server`` (same argv, unknown fla
 ``python -m workers.sim --model-path Qwen/Qwen3.6-27B --host 127.0.0.1 --port 30001 <flags>``.
 It speaks SGLang's HTTP API (native, OpenAI, /server_info, /v1/loads, /metrics) and prints
 SGLang's log lines. It is honest by construction: caps and memory come from
-:mod:`workers.capacity` (SGLang's arithmetic), step times and accept lengths from the measured
+:mod:`workers.engine.capacity` (SGLang's arithmetic), step times and accept lengths from the
+measured
 workload, each cited where it is used. It is not a stand-in for a GPU:
 no model runs and the output text is filler.
 

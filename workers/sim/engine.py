@@ -1,6 +1,7 @@
 """The simulated scheduler: one asyncio task, FCFS, continuous batching under SGLang's caps.
 
-Caps come from :mod:`workers.capacity` (SGLang's arithmetic): at most ``max_running_requests``
+Caps come from :mod:`workers.engine.capacity` (SGLang's arithmetic): at most
+``max_running_requests``
 requests decode at once, and admission is SGLang's optimistic one (``PrefillAdder``): a request
 is admitted when its prefill plus its remaining output budget times ``new_token_ratio`` fits the
 KV pool next to what the running requests hold and are budgeted for. The ratio decays every
@@ -23,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workers.capacity import NewTokenRatio, admission_tokens
+from workers.engine.capacity import NewTokenRatio, admission_tokens
 from workers.sim.radix import CacheMode, PrefixCache
 
 # Measured on the real run (0.5.11, Qwen3.6-27B + MTP on B200s): ~2,000 output tok/s per GPU with 16

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.capacity import parse_human_int
+from workers.engine.capacity import parse_human_int
 
 
 def human_readable_int(value: str) -> int:

@@ -17,8 +17,8 @@ import uvicorn
 from starlette.applications import Starlette
 
 from config.settings import SimSettings, load_settings
-from workers.capacity import EngineFlags, model_shape, plan_capacity, resolved_mamba_strategy
-from workers.sglang_versions import traits
+from workers.engine.capacity import EngineFlags, model_shape, plan_capacity, resolved_mamba_strategy
+from workers.engine.versions import traits
 from workers.sim.admin import admin_routes
 from workers.sim.api import generate_handler, native_routes
 from workers.sim.engine import EngineConfig, SimEngine

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from workers.capacity import mamba_breakdown_gib, resolved_mamba_strategy
+from workers.engine.capacity import mamba_breakdown_gib, resolved_mamba_strategy
 from workers.sim.report import log
 from workers.sim.state import SimState
 
@@ -39,7 +39,7 @@ def warnings(state: SimState) -> list[str]:
     flags, lines = state.flags, []
     lines.append(
         f"workers.sim: simulated SGLang engine, no model loaded; caps and memory from "
-        f"workers.capacity, step times from the measured workload, speed x{state.speed:g}"
+        f"workers.engine.capacity, step times from the measured workload, speed x{state.speed:g}"
     )
     if flags.speculative_algorithm and flags.max_running_requests is None:
         lines.append(

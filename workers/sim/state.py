@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.capacity import (
+from workers.engine.capacity import (
     EAGLE_FAMILY,
     CapacityPlan,
     EngineFlags,
@@ -27,7 +27,7 @@ from workers.capacity import (
     resolved_mamba_strategy,
     speculative_params,
 )
-from workers.sglang_versions import DEFAULT_VERSION
+from workers.engine.versions import DEFAULT_VERSION
 from workers.sim.engine import SimEngine, SimRequest, clamp_max_new_tokens
 from workers.sim.radix import prefix_keys
 from workers.sim.report import Reporter, SimMetrics

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workers.capacity import SPECULATIVE_DEFAULT_MAX_RUNNING
+from workers.engine.capacity import SPECULATIVE_DEFAULT_MAX_RUNNING
 from workers.tune.partial import PartialDiagnosis, diagnose_partial
 from workers.tune.recommend import Recommendation, recommend
 from workers.tune.situation import (

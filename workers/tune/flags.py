@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from config.launch_profile import FlagValue
-from workers.tune.engine_log import parse_log
+from workers.engine.log import parse_log
 
 # /server_info fields that decide capacity; their values are the resolved ServerArgs.
 CAPACITY_FIELDS = (

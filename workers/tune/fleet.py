@@ -24,10 +24,10 @@ from celery import Celery
 from config.launch_profile import LaunchProfile, ProfileError, load_profile
 from config.settings import Settings
 from workers.celery_app import SHARED_QUEUE
+from workers.engine.metrics import parse_metrics
 from workers.errors import FleetError
 from workers.heartbeat import read_heartbeats
 from workers.tune import snapshot as snapshots
-from workers.tune.engine_metrics import parse_metrics
 from workers.tune.snapshot import Snapshot, Target
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from workers import capacity
+from workers.engine import capacity
 from workers.tune.flags import FlagMap, apply_changes, flag_changes
 from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction
 from workers.tune.throughput import ThroughputModel

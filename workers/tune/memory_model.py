@@ -1,6 +1,7 @@
 """A memory model of one engine: SGLang's pool arithmetic, calibrated from what the engine logged.
 
-The arithmetic is :mod:`workers.capacity` (a mirror of SGLang's own code). Its model catalogue
+The arithmetic is :mod:`workers.engine.capacity` (a mirror of SGLang's own code). Its model
+catalogue
 holds per-slot and per-token costs for known models; :func:`calibrate` replaces them with what a
 live engine reports, so a prediction for a candidate flag set starts from measured costs:
 
@@ -24,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers import capacity
-from workers.capacity import GIB, CapacityPlan, EngineFlags, ModelShape
-from workers.sglang_versions import engine_version, supported_list, traits
-from workers.tune.engine_log import LogFacts
+from workers.engine import capacity
+from workers.engine.capacity import GIB, CapacityPlan, EngineFlags, ModelShape
+from workers.engine.log import LogFacts
+from workers.engine.versions import engine_version, supported_list, traits
 from workers.tune.readings import Reading
 
 
@@ -71,7 +72,7 @@ class MemoryModel:
     mem_fraction_static: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     measured: list[Reading] = field(default_factory=list)
-    # SGLANG_ENABLE_SPEC_V2's default in the engine's release (None: workers.capacity's).
+    # SGLANG_ENABLE_SPEC_V2's default in the engine's release (None: workers.engine.capacity's).
     spec_v2_default: bool | None = None
     # Evidence the calibration could not read, and what it used instead (never silent).
     unread: list[str] = field(default_factory=list)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workers.tune.engine_log import LogFacts, parse_log
-from workers.tune.engine_metrics import MetricSet, full_kv_usage, parse_metrics
+from workers.engine.log import LogFacts, parse_log
+from workers.engine.metrics import MetricSet, full_kv_usage, parse_metrics
 
 Value = float | int | str | bool
 Candidate = tuple[Value | None, str]

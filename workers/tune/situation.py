@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workers import capacity
+from workers.engine import capacity
 from workers.tune import throughput
 from workers.tune.flags import FlagMap, snapshot_flags
 from workers.tune.levers import Situation
@@ -169,7 +169,7 @@ def kv_need_per_request(view: EngineView, context_len: int) -> Reading:
 
     SGLang does not reserve a request's whole output budget: ``PrefillAdder`` admits on
     ``new_token_ratio`` and the scheduler retracts when a decode step runs short
-    (:class:`workers.capacity.NewTokenRatio`), so at steady state the pool holds what running
+    (:class:`workers.engine.capacity.NewTokenRatio`), so at steady state the pool holds what running
     requests hold on average. That is read, in order, from the KV used per running request now,
     from the finished requests' mean prompt and output (half the output held on average), and
     only without either from the context (every request assumed to run to the limit).

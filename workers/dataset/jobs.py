@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
+from workers.dataset.store import ObjectMissing, Store
 from workers.errors import JobError
-from workers.store import ObjectMissing, Store
 
 # Matched in full: re.match(...$) would also take a trailing newline ("job\n").
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -33,12 +33,12 @@ JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 class SamplingSpec(BaseModel):
     """Job-wide sampling parameters and request options (rows' own override them; see
-    workers/sampling_params.py for the precedence)."""
+    workers/engine/sampling.py for the precedence)."""
 
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    # --sampling KEY=VALUE, as SGLang SamplingParams keywords (workers/sampling_params.py).
+    # --sampling KEY=VALUE, as SGLang SamplingParams keywords (workers/engine/sampling.py).
     params: dict[str, Any] = Field(default_factory=dict)
     # --chat: plain prompts go through the chat template as one user message.
     chat: bool = False

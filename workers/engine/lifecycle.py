@@ -1,7 +1,7 @@
 """The engine lifecycle: start, wait for health, check, restart and stop one inference server.
 
 SGLang and the CPU simulator differ only in the module they run; the same code starts, checks
-and stops both. The engine runs under ``workers.engine_guard`` in its own process group, pinned
+and stops both. The engine runs under ``workers.engine.guard`` in its own process group, pinned
 to its GPU with ``CUDA_VISIBLE_DEVICES`` (PCI bus order, as NVML numbers GPUs), on
 ``127.0.0.1:<base port + GPU>``. Its output goes to ``<log_dir>/engine-gpu<N>.log``.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 
 from config.launch_profile import LaunchProfile
+from workers.engine.versions import UnsupportedVersion, require_supported_engine
 from workers.errors import EngineStartFailed
-from workers.sglang_versions import UnsupportedVersion, require_supported_engine
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class Engine:
                 raise EngineStartFailed(f"cannot start an engine that is {self.state.value}")
             self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             logf = self.spec.log_path.open("ab")
-            guard = [sys.executable, "-m", "workers.engine_guard", str(os.getpid()), "--"]
+            guard = [sys.executable, "-m", "workers.engine.guard", str(os.getpid()), "--"]
             log.info("starting engine on GPU %d: %s", self.spec.gpu, " ".join(self.spec.argv()))
             self._proc = subprocess.Popen(
                 guard + self.spec.argv(),

@@ -2,11 +2,12 @@
 
 Run it with ``celery -A workers worker -Q sink`` (task ``fleet.sink_job``), or in-process with
 ``python -m producer sink --job NAME --local``; both hold the job's data-set lock
-(:mod:`workers.sinklock`) for the whole run. Batches are read in order; rows go into a shard
+(:mod:`workers.dataset.sink_lock`) for the whole run. Batches are read in order; rows go into
+a shard
 sorted by index; a shard is cut at the first batch boundary where its file reaches
 ``shard_target_bytes`` or it holds ``shard_rows`` rows, so a batch is in exactly one shard.
 
-The commit protocol (layout in workers/manifest.py):
+The commit protocol (layout in workers/dataset/manifest.py):
 
 1. every shard is written under a new prefix ``data/<version>/`` (a local temporary file,
    hashed, then uploaded with a managed, multipart transfer);
@@ -44,11 +45,9 @@ from celery import Task, current_app, shared_task
 
 from config.settings import Settings, load_settings
 from workers.celery_app import SINK_QUEUE
-from workers.delivery import jobstate
-from workers.delivery.lease import LeaseKeeper, index_key
-from workers.errors import FleetError, StoreError
-from workers.jobs import JobSpec, load_spec
-from workers.manifest import (
+from workers.dataset.jobs import JobSpec, load_spec
+from workers.dataset.location import locate
+from workers.dataset.manifest import (
     SCHEMA,
     ShardInfo,
     build_manifest,
@@ -64,11 +63,13 @@ from workers.manifest import (
     to_record,
     version_prefix,
 )
+from workers.dataset.sink_lock import LockLost, SinkLock
+from workers.dataset.store import ObjectMissing, RetryingStore, Store, open_store, store_policy
+from workers.dataset.verify import RowCheck, iter_batches, prefetched, stored_batches
+from workers.delivery import jobstate
+from workers.delivery.lease import LeaseKeeper, index_key
+from workers.errors import FleetError, StoreError
 from workers.retry import RetryPolicy
-from workers.sinklock import LockLost, SinkLock
-from workers.store import ObjectMissing, RetryingStore, Store, open_store, store_policy
-from workers.store_location import locate
-from workers.verify import RowCheck, iter_batches, prefetched, stored_batches
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The patterns follow the f-strings of SGLang 0.5.10.post1 and 0.5.11 (``model_runner.py``,
 ``mem_cache/memory_pool.py``, ``managers/scheduler.py``; the versions
-:mod:`workers.sglang_versions` supports): ``[%(asctime)s{ DPr}{ PPr}{ TPr}] message``
+:mod:`workers.engine.versions` supports): ``[%(asctime)s{ DPr}{ PPr}{ TPr}] message``
 (``srt/utils/common.py::configure_logger``). "GB" in these lines means GiB. Lines without the
 bracketed prefix (another logger format) are read as bare messages.
 

@@ -28,9 +28,9 @@ import orjson
 import pyarrow as pa
 
 from config.launch_profile import LaunchProfile
+from workers.dataset.jobs import JobSpec
+from workers.dataset.store import ObjectMissing, Store
 from workers.errors import JobError
-from workers.jobs import JobSpec
-from workers.store import ObjectMissing, Store
 
 MANIFEST_FORMAT = 2
 
@@ -188,7 +188,7 @@ def build_manifest(spec: JobSpec, version: str, shards: list[ShardInfo], tally: 
                    location: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest object (see the module docstring); ``complete`` is verify's ``ok`` over
     the rows written into ``shards``; ``store`` says where the data lives (on this node or
-    off it, workers/store_location.py)."""
+    off it, workers/dataset/location.py)."""
     profiles = {p: {"rows": n, "model": _model_of(p)} for p, n in sorted(tally.profiles.items())}
     return {
         "format": MANIFEST_FORMAT,

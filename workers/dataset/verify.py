@@ -3,7 +3,8 @@
 One :class:`RowCheck` is used both by ``verify`` (reading every stored result) and by the sink
 (over the rows it writes into the data set), so the two always say the same thing: a row is
 counted once, in one bucket (``ok``, ``truncated``, ``failed`` or ``quarantined``, as
-:func:`workers.manifest.row_bucket` decides); a second row for an index is a duplicate, reported
+:func:`workers.dataset.manifest.row_bucket` decides); a second row for an index is a duplicate,
+reported
 and kept out of the counts; a row outside its batch's index range, or whose ``id`` is not the
 staged input's id at that index, is misplaced, reported and kept out too.
 """
@@ -16,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from workers.jobs import (
+from workers.dataset.jobs import (
     JobSpec,
     batch_of_result_key,
     decode_rows,
@@ -24,8 +25,8 @@ from workers.jobs import (
     result_key,
     results_prefix,
 )
-from workers.manifest import Tally
-from workers.store import ObjectMissing, Store
+from workers.dataset.manifest import Tally
+from workers.dataset.store import ObjectMissing, Store
 
 PREFETCH = 8
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from workers.errors import EngineUnavailable, PromptFailed, PromptRejected
 
 @dataclass(frozen=True)
 class Sampling:
-    """What a request carries besides the prompt (workers/sampling_params.py builds it)."""
+    """What a request carries besides the prompt (workers/engine/sampling.py builds it)."""
 
     max_new_tokens: int | None = None
     temperature: float | None = None

@@ -1,4 +1,4 @@
-"""Process-group guard for one engine: ``python -m workers.engine_guard PARENT_PID -- ARGV…``.
+"""Process-group guard for one engine: ``python -m workers.engine.guard PARENT_PID -- ARGV…``.
 
 SGLang forks scheduler and detokenizer processes; a parent-death signal on the server alone
 would orphan them. The guard leads its own process group, runs the engine inside it, and

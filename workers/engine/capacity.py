@@ -244,7 +244,7 @@ class EngineFlags:
         """Build from flag names (dashes or underscores, leading dashes ok); others are ignored.
 
         ``spec_v2_default`` is the release's default of ``SGLANG_ENABLE_SPEC_V2``
-        (:mod:`workers.sglang_versions`); the environment variable overrides it.
+        (:mod:`workers.engine.versions`); the environment variable overrides it.
         """
         known = {f.name: _CONVERTERS[f.name] for f in fields(cls)}
         values: dict[str, object] = {}

@@ -27,10 +27,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workers.engine_client import Sampling
+from workers.engine.client import Sampling
 
 if TYPE_CHECKING:
-    from workers.jobs import JobSpec, PromptRow
+    from workers.dataset.jobs import JobSpec, PromptRow
 
 
 def _int(v: Any) -> bool:
