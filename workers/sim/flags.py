@@ -115,6 +115,7 @@ _SCHEDULING: list[FlagSpec] = [
     (("--prefill-attention-backend",), str, None, None),
     (("--decode-attention-backend",), str, None, None),
     (("--sampling-backend",), str, None, None),
+    (("--mm-attention-backend",), str, None, None),
     (("--grammar-backend",), str, None, None),
     (("--enable-deterministic-inference",), BOOL, False, None),
     (("--enable-hierarchical-cache",), BOOL, False, None),
