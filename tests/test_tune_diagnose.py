@@ -98,11 +98,45 @@ def test_only_a_log_still_names_the_mamba_cap():
     assert ev["effective_cap"] == (16, "log scheduler max_running_requests=")
     # Without cache counters the radix cache stays (R = 5): lossless, 54 running fit (the pool
     # holds what running requests hold now, as SGLang's optimistic admission keeps it); bf16
-    # SSM state fits 101, which clears the 20 % bar for a lossy lever, so diagnose names it.
+    # SSM state fits 101, but the log measured steady state at 16 running only, so the gain
+    # of that accuracy trade-off is unmeasured: it is named, the lossless lever is chosen.
     rec = d["recommendation"]
     options = {o["name"]: o for o in rec["options"]}
     assert options["more_slots"]["predicted"]["max_running_requests"] == 54
     assert not options["no_radix"]["eligible"]
+    assert options["more_slots+bf16_ssm"]["predicted"]["max_running_requests"] == 101
+    assert rec["chosen"] == "more_slots"
+    assert rec["predicted"]["max_running_requests"] == 54
+    assert rec["flags"].get("mamba-ssm-dtype") is None
+    bf16 = next(r for r in rec["reasons"] if "bfloat16" in r)
+    assert "101 running" in bf16 and "unmeasured" in bf16 and "not chosen" in bf16
+
+
+def _earlier_start(cap: int, tok_s: float) -> str:
+    """An earlier start as ``tune snapshot`` keeps it: at its cap with a queue."""
+    scheduler = (
+        f"[2026-05-06 10:00:00] max_total_num_tokens=1137037, chunked_prefill_size=16384, "
+        f"max_prefill_tokens=16384, max_running_requests={cap}, context_len=8192, "
+        f"available_gpu_mem=20.00 GB\n"
+    )
+    decode = (
+        f"[2026-05-06 10:10:00] Decode batch, #running-req: {cap}, #full token: {cap * 1800}, "
+        f"full token usage: 0.05, mamba num: {cap * 4}, mamba usage: 0.80, accept len: 3.50, "
+        f"accept rate: 0.83, cuda graph: True, gen throughput (token/s): {tok_s:.2f}, "
+        f"#queue-req: 30\n"
+    )
+    return "[2026-05-06 09:58:00] Load weight begin. avail mem=178.52 GB\n" + scheduler + decode * 3
+
+
+def test_a_measured_curve_lets_a_lossy_lever_win_by_its_margin():
+    # Canary starts at 40 and 80 running on the observed run's curve (7,000 * n / (n + 40)),
+    # with the baseline's 16: three steady counts over 5x measure the knee (120). Then bf16
+    # SSM state's 101 running beat the lossless 54 by more than the 20 % bar.
+    snap = snapshot.load(SNAPSHOTS / "baseline_mamba_slots")
+    log = _earlier_start(40, 3500.0) + _earlier_start(80, 7000 * 80 / 120) + snap["log"]
+    d = diagnose({"log": log, "profile": snap["profile"]}, gpu_memory_mib=183_359).to_json()
+    assert _evidence(d)["throughput_half_n"][0] == pytest.approx(40, abs=1)
+    rec = d["recommendation"]
     assert rec["chosen"] == "more_slots+bf16_ssm"
     assert rec["predicted"]["max_running_requests"] == 101
     assert any("chosen although lossy" in r for r in rec["reasons"])

@@ -8,6 +8,7 @@ import pytest
 
 from workers.engine.log import parse_batch, parse_log
 from workers.engine.metrics import parse_metrics
+from workers.tune.situation import log_starts
 from workers.tune.snapshot import read_log
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "tune" / "snapshots"
@@ -84,4 +85,10 @@ def test_read_log_keeps_the_latest_start_and_the_recent_batch_lines(tmp_path):
     assert "POST /generate" not in text
     facts = parse_log(text)
     assert facts.scheduler is not None and facts.scheduler.max_running_requests == 40
-    assert len(facts.decode_lines()) == 6
+    assert len(facts.decode_lines()) == 3
+    # Each earlier start is kept as its scheduler line and decode lines: what measured the
+    # engine at that start's cap (the baseline's 16, then the canary's 24 and 32).
+    starts = [parse_log(chunk) for chunk in log_starts(text)]
+    assert [f.scheduler.max_running_requests for f in starts if f.scheduler] == [16, 24, 32, 40]
+    assert [len(f.decode_lines()) for f in starts] == [5, 3, 3, 3]
+    assert starts[0].mamba is None  # an earlier start's pools are not kept

@@ -64,20 +64,27 @@ def test_plan_for_the_workloads_two_profiles_on_b200s():
 def test_plan_calibrated_from_a_snapshot_uses_its_measured_throughput():
     out = _plan("--profile", "qwen36-27b", "--snapshot", str(BASELINE))
     assert out["running_per_gpu"] == 40
-    assert "scaled to 16->2001 tok/s" in out["throughput_model"]
-    assert out["tok_s_per_gpu"] == 3502
+    # The snapshot's decode lines at its cap with a queue, less the first (it covers the ramp).
+    assert "steady state 16->2003 tok/s; unmeasured above 16" in out["throughput_model"]
+    assert out["tok_s_per_gpu"] == 3505
 
 
 def test_throughput_curve_through_the_workloads_two_points():
     model = throughput.fit([(16, 2000.0), (40, 3500.0)])
     assert model.peak_tok_s == pytest.approx(7000, rel=1e-6)
     assert model.half_n == pytest.approx(40, rel=1e-6)
-    assert model.knee() == 120
+    # Two counts fix the curve's two numbers and test nothing: no knee is claimed from them.
+    assert model.knee() is None and not model.shape_measured
+    # A third steady-state count on the same curve is evidence of its knee.
+    third = throughput.fit([(16, 2000.0), (40, 3500.0), (80, 7000.0 * 80 / 120)])
+    assert third.shape_measured and third.knee() == 120
 
 
-def test_throughput_curve_that_stops_growing_is_flat_and_one_point_keeps_the_prior_knee():
+def test_throughput_curve_that_stops_growing_is_flat_and_one_point_keeps_the_prior_shape():
     flat = throughput.fit([(24, 3420.0), (32, 3400.0), (40, 3390.0)])
-    assert flat.half_n == 0.0 and flat.marginal_share(40) == 0.0
+    assert flat.half_n == 0.0 and flat.marginal_share(40) == 0.0 and flat.saturated_at(40)
     scaled = throughput.fit([(16, 1000.0)])
     assert scaled.half_n == throughput.WORKLOAD.half_n
     assert scaled.tok_s(16) == pytest.approx(1000.0)
+    # The prior's shape predicts above 16 but is no measured knee.
+    assert scaled.knee() is None and not scaled.saturated_at(16)

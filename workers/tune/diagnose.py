@@ -5,8 +5,10 @@ below its cap), ``running_cap`` (running at the effective cap with requests queu
 and memory are not short; the cause is the Mamba slots / R, the speculative default of 48 or
 an explicit flag), ``kv_capacity`` (KV usage high with requests queued), ``gpu_memory`` (at the
 cap and no lossless lever makes room for more), ``compute`` (more running requests no longer
-raise throughput). GPU utilisation is reported but never used: an engine starved by a
-scheduler cap reads 83-99 % busy (the observed run).
+raise throughput, shown by the engine at steady state over a wide enough range of running
+counts: ``ThroughputModel.saturated_at``; warm-up lines never show it). GPU utilisation is
+reported but never used: an engine starved by a scheduler cap reads 83-99 % busy (the observed
+run).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.engine.capacity import SPECULATIVE_DEFAULT_MAX_RUNNING
+from workers.tune import throughput
 from workers.tune.partial import PartialDiagnosis, diagnose_partial
 from workers.tune.recommend import Recommendation, recommend
 from workers.tune.situation import (
@@ -25,18 +28,13 @@ from workers.tune.situation import (
     is_speculative,
     view_from_snapshot,
 )
-from workers.tune.throughput import KNEE_MARGINAL_SHARE
 from workers.tune.verdict import Verdict
 
 CONSTRAINTS = ("client_concurrency", "running_cap", "kv_capacity", "gpu_memory", "compute")
 # KV usage at which admission stalls: SGLang reserves room for future output tokens.
 KV_HIGH = 0.9
-# Running within this share of the cap (at least one request) counts as at the cap.
-AT_CAP_SLACK = 0.05
 # Mamba usage at which slots, not the cap, hold admission back.
 MAMBA_HIGH = 0.9
-# Decode lines must span this ratio of running counts before a flat curve means compute.
-MIN_RUNNING_SPAN = 1.25
 
 BASE_EVIDENCE = (
     "running",
@@ -88,13 +86,6 @@ class Diagnosis:
         }
 
 
-def _saturated(view: EngineView, running: float) -> bool:
-    counts = sorted({n for n, _ in view.throughput_points})
-    if len(counts) < 2 or counts[-1] < counts[0] * MIN_RUNNING_SPAN:
-        return False
-    return view.throughput.marginal_share(running) < KNEE_MARGINAL_SHARE
-
-
 def _cap_cause(view: EngineView, cap: int) -> str:
     slots, ratio = view.value("mamba_slots"), view.value("mamba_ratio")
     explicit = view.flags.get("max-running-requests")
@@ -119,13 +110,13 @@ def classify(view: EngineView, cap: int) -> Verdict:
     """The binding constraint for an engine with effective cap ``cap``."""
     running, queued = view.readings.get("running"), view.readings.get("queued")
     kv = view.readings.get("kv_usage")
-    at_cap = running >= cap - max(1, round(cap * AT_CAP_SLACK))
+    at_cap = throughput.at_cap(running, cap)
     notes = _utilisation_note(view)
     if queued > 0 and kv is not None and kv >= KV_HIGH:
         return Verdict("kv_capacity", "kv_pool_full", notes)
     if not at_cap and queued == 0:
         return Verdict("client_concurrency", "engine_queue_empty", notes)
-    if _saturated(view, running):
+    if view.throughput.saturated_at(running):
         return Verdict("compute", "throughput_flat_in_running", notes)
     if at_cap:
         if queued == 0:

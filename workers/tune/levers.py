@@ -38,6 +38,8 @@ LOSSY_MIN_GAIN = 0.2
 KV_MIN_GAIN = 0.1
 # A mem-fraction-static raise smaller than this share of the GPU is not worth its risk.
 MIN_FRACTION_STEP = 0.02
+# Upper end of the running-count search when no measured knee bounds it.
+MAX_RUNNING_SEARCH = 1024
 
 NO_RADIX = {"disable-radix-cache": True, "mamba-scheduler-strategy": None}
 BF16_SSM = {"mamba-ssm-dtype": "bfloat16"}
@@ -128,8 +130,12 @@ def _fits(model: MemoryModel, flags: FlagMap, running: int, sit: Situation) -> P
 
 
 def largest_fit(model: MemoryModel, flags: FlagMap, sit: Situation) -> Prediction | None:
-    """The prediction for the most running requests (up to the knee) that fit in memory."""
-    lo, hi, best = 1, sit.throughput.knee(), None
+    """The prediction for the most running requests that fit in memory.
+
+    Up to the throughput knee where steady state measured one; otherwise memory alone sets it
+    (an unmeasured curve is no reason to stop short: the canary measures the result).
+    """
+    lo, hi, best = 1, sit.throughput.knee() or MAX_RUNNING_SEARCH, None
     while lo <= hi:
         mid = (lo + hi) // 2
         pred = _fits(model, flags, mid, sit)

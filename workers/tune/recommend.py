@@ -18,6 +18,7 @@ from workers.tune.levers import (
 )
 from workers.tune.memory_model import Prediction
 from workers.tune.situation import EngineView, is_speculative, situation
+from workers.tune.throughput import CANARY_MIN_GAIN
 from workers.tune.verdict import Verdict
 
 # A lever must raise the running cap by this share to be worth a restart.
@@ -103,11 +104,18 @@ def _radix_reason(options: list[Option], chosen: Option, sit: Situation) -> str 
     return f"--disable-radix-cache ({no_radix.cap} running): {no_radix.note or 'not better'}"
 
 
-def _bf16_reason(options: list[Option], chosen: Option) -> str | None:
+def _bf16_reason(options: list[Option], chosen: Option, sit: Situation) -> str | None:
     lossy = [o for o in options if o.lossy and o.prediction is not None and o.eligible]
     best = max(lossy, key=lambda o: o.tok_s, default=None)
     if best is None:
         return None
+    if not sit.throughput.shape_measured and not chosen.lossy:
+        return (
+            f"--mamba-ssm-dtype bfloat16 ({best.name}) would fit {best.cap} running vs "
+            f"{chosen.cap}: an accuracy trade-off, and with throughput above the current cap "
+            f"unmeasured its gain is too, so it is not chosen; try it once a canary has "
+            f"measured the curve"
+        )
     gain = best.tok_s / chosen.tok_s - 1 if chosen.tok_s else 0.0
     if chosen.lossy:
         return f"{chosen.name} chosen although lossy: +{gain:.0%} over the best lossless lever"
@@ -130,9 +138,26 @@ def _cap_reason(view: EngineView, chosen: Option) -> str | None:
 
 
 def _knee_reason(chosen: Option, sit: Situation) -> str | None:
-    if chosen.cap < sit.throughput.knee():
+    tput = sit.throughput
+    knee = tput.knee()
+    if knee is None:
+        seen = (
+            f"steady state measured up to {tput.measured_up_to:g} running"
+            if tput.measured_up_to
+            else "no steady state measured"
+        )
+        return (
+            f"throughput curve unmeasured above the current cap ({seen}; no knee claimed): "
+            f"{chosen.cap} running is the most memory allows. Check: tune auto relaunches one "
+            f"GPU and keeps the profile only if the engine's decode tok/s over a window at its "
+            f"cap rises by {CANARY_MIN_GAIN:.0%}, else rolls it back"
+        )
+    if chosen.cap < knee:
         return None
-    return f"stops at {chosen.cap} running: past the throughput knee more requests barely pay off"
+    return (
+        f"stops at {chosen.cap} running: past the throughput knee ({tput.source}) more requests "
+        f"barely pay off"
+    )
 
 
 def _running_cap(
@@ -141,7 +166,8 @@ def _running_cap(
     sit = situation(view)
     options = running_cap_options(view.model, sit)
     lossless = choose([o for o in options if not o.lossy])
-    chosen = choose(options)
+    # A lossy lever must win by a measured margin: on an unmeasured curve it is only named.
+    chosen = choose(options) if sit.throughput.shape_measured else lossless
     if lossless is None or chosen is None or lossless.cap < sit.current_cap * (1 + MIN_CAP_GAIN):
         notes = [*verdict.notes, f"first read as {verdict.constraint} ({verdict.cause})"]
         return _gpu_memory(
@@ -150,7 +176,7 @@ def _running_cap(
     reasons = [_cause_reason(view, verdict, sit.current_cap), _describe(chosen, sit)]
     for extra in (
         _radix_reason(options, chosen, sit),
-        _bf16_reason(options, chosen),
+        _bf16_reason(options, chosen, sit),
         _cap_reason(view, chosen),
         _knee_reason(chosen, sit),
     ):

@@ -2,7 +2,8 @@
 
 Brings together the readings, the launch flags, the memory model calibrated from the engine's
 own startup arithmetic, its prediction for the current flags (which must reproduce what the
-engine reports), and the throughput curve fitted to the engine's decode lines.
+engine reports), and the throughput curve from the engine at steady state (at its cap with a
+queue: ``workers.tune.throughput``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.engine import capacity
+from workers.engine.log import parse_log
 from workers.tune import throughput
 from workers.tune.flags import FlagMap, snapshot_flags
 from workers.tune.levers import Situation
@@ -76,14 +78,44 @@ def _gpu_memory_mib(readings: Readings, override: int | None) -> int:
     raise MemoryUnknown("GPU memory unknown (no NVML section): pass --gpu-memory-mib")
 
 
-def _points(readings: Readings) -> list[tuple[float, float]]:
+def log_starts(text: str) -> list[str]:
+    """The log split into engine starts, oldest first (``parse_log``'s rule for a restart)."""
+    starts: list[list[str]] = [[]]
+    scheduled = False
+    for line in text.splitlines(keepends=True):
+        if "Load weight begin" in line and scheduled:
+            starts.append([])
+            scheduled = False
+        starts[-1].append(line)
+        scheduled = scheduled or "max_total_num_tokens=" in line
+    return ["".join(s) for s in starts if s]
+
+
+def _earlier_starts(text: str) -> list[tuple[float, float]]:
+    """Steady-state points of the earlier starts in the log (each under its own cap)."""
     points = []
-    for line in readings.log.decode_lines():
-        running = line.number("#running-req")
-        tok_s = line.number("gen throughput (token/s)")
-        if running and tok_s:
-            points.append((running, tok_s))
+    for chunk in log_starts(text)[:-1]:
+        facts = parse_log(chunk)
+        if facts.scheduler is not None:
+            cap = facts.scheduler.max_running_requests
+            points.extend(throughput.steady_decode_points(facts.decode_lines(), cap))
     return points
+
+
+def steady_points(snapshot: Mapping[str, Any], readings: Readings) -> list[tuple[float, float]]:
+    """(running, tok/s) at steady state: this start's decode lines, else its sampled gauges,
+    else the current /metrics gauges; plus the earlier starts' decode lines."""
+    cap = readings.get("effective_cap") or 0
+    points = throughput.steady_decode_points(readings.log.decode_lines(), cap)
+    if not points:
+        samples = snapshot.get("samples")
+        if isinstance(samples, list):
+            points = throughput.steady_sample_points(s for s in samples if isinstance(s, Mapping))
+    running, queued = readings.get("running"), readings.get("queued")
+    tok_s = readings.metrics.total("gen_throughput")
+    if not points and tok_s and throughput.steady(running, queued, cap):
+        points = [(float(running), float(tok_s))]
+    return _earlier_starts(snapshot.get("log") or "") + points
 
 
 def _predict_current(model: MemoryModel, flags: FlagMap) -> Prediction | None:
@@ -117,9 +149,15 @@ def _derive(view: EngineView, gpu_mib: int) -> None:
         d["kv_tokens_per_running"] = Reading(
             "kv_tokens_per_running", round(per), "kv_used_tokens / running"
         )
-    if view.throughput_points:
+    tput = view.throughput
+    if tput.shape_measured:
+        d["throughput_fit"] = Reading("throughput_half_n", round(tput.half_n, 1), tput.source)
+    elif view.throughput_points:
+        d["throughput_fit"] = Reading("throughput_measured_up_to", tput.measured_up_to, tput.source)
+    else:
         d["throughput_fit"] = Reading(
-            "throughput_half_n", round(view.throughput.half_n, 1), view.throughput.source
+            "throughput_measured_up_to", 0,
+            f"no steady state (never at the cap with a queue): {tput.source} assumed",
         )
 
 
@@ -135,7 +173,7 @@ def view_from_snapshot(
     gpu_mib = _gpu_memory_mib(readings, gpu_memory_mib or snapshot.get("gpu_memory_mib"))
     env = (snapshot.get("profile") or {}).get("env") or {}
     model = calibrate(flags, gpu_mib, readings.log, snapshot.get("server_info"), env)
-    points = _points(readings)
+    points = steady_points(snapshot, readings)
     view = EngineView(
         readings, flags, model, _predict_current(model, flags), throughput.fit(points), points, {}
     )

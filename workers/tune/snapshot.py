@@ -3,7 +3,8 @@
 Every section is optional when reading; a section that could not be captured is absent and
 ``unavailable`` says why. A snapshot can also be read from a folder of raw captures
 (``engine.log``, ``metrics.txt``, ``server_info.json``, ``loads.json``, ``gpu.json``,
-``client.json``, ``profile.json``), which is how evidence copied off a real machine is fed in.
+``client.json``, ``profile.json``, and ``samples.jsonl``: one ``/v1/loads`` + ``sglang:`` gauge
+reading a line, taken under load), which is how evidence copied off a real machine is fed in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ Snapshot = dict[str, Any]
 
 # Batch lines kept from the engine log (the startup lines of the latest start are all kept).
 LOG_BATCH_LINES = 400
+# Earlier starts kept (each as its scheduler line and last decode lines).
+HISTORY_STARTS = 4
+HISTORY_DECODE_LINES = 100
 
 RAW_FILES = {
     "log": "engine.log",
@@ -33,6 +37,7 @@ RAW_FILES = {
     "gpu": "gpu.json",
     "client": "client.json",
     "profile": "profile.json",
+    "samples": "samples.jsonl",
 }
 
 
@@ -48,20 +53,26 @@ class Target:
     base_url: str
     log_path: Path
     timeout_s: float = 5.0
+    # Every GPU of the engine's group (workers/gpu_group.py); () means (gpu,).
+    gpus: tuple[int, ...] = ()
 
 
 def read_log(path: Path) -> str:
-    """The latest start's startup lines and the most recent batch lines of an engine log.
+    """The latest start's startup lines and recent batch lines, after the earlier starts' gist.
 
     The worker appends every restart to the same file, and a long run writes megabytes of
-    batch lines, so the file is streamed once and only what the tuner reads is kept.
+    batch lines, so the file is streamed once and only what the tuner reads is kept: of each
+    earlier start (a canary relaunch, say) its first ``Load weight begin`` line, its scheduler
+    line and its last decode lines, which measured the engine at that start's running cap.
     """
+    history: deque[str] = deque(maxlen=HISTORY_STARTS)
     startup: list[str] = []
     batches: deque[str] = deque(maxlen=LOG_BATCH_LINES)
     started = False  # the scheduler line of the current start has been seen
     with path.open(encoding="utf-8", errors="replace") as fh:
         for line in fh:
             if "Load weight begin" in line and started:
+                history.append(_gist(startup, batches))
                 startup, started = [], False
                 batches.clear()
             if "Decode batch" in line or "Prefill batch" in line:
@@ -69,7 +80,15 @@ def read_log(path: Path) -> str:
             elif not started:
                 startup.append(line)
             started = started or "max_total_num_tokens=" in line
-    return "".join(startup) + "".join(batches)
+    return "".join(history) + "".join(startup) + "".join(batches)
+
+
+def _gist(startup: list[str], batches: deque[str]) -> str:
+    """An earlier start, cut to what measures it: first weight line, scheduler, decode lines."""
+    begin = next((x for x in startup if "Load weight begin" in x), "")
+    scheduler = next((x for x in startup if "max_total_num_tokens=" in x), "")
+    decode = [x for x in batches if "Decode batch" in x][-HISTORY_DECODE_LINES:]
+    return begin + scheduler + "".join(decode)
 
 
 def _get(client: httpx.Client, path: str) -> httpx.Response:
@@ -100,7 +119,7 @@ def capture(
     """Capture every section available for ``target`` right now."""
     out: Snapshot = {"captured_at": time.time(), "gpu_index": target.gpu}
     why: dict[str, str] = {}
-    section, reason = gpu.read_section(target.gpu)
+    section, reason = gpu.read_group_section(target.gpus or (target.gpu,))
     if section is not None:
         out["gpu"] = section
     else:
@@ -126,7 +145,10 @@ def _read_folder(folder: Path) -> Snapshot:
         if not path.exists():
             continue
         text = path.read_text()
-        out[section] = json.loads(text) if name.endswith(".json") else text
+        if name.endswith(".jsonl"):
+            out[section] = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            out[section] = json.loads(text) if name.endswith(".json") else text
     return out
 
 
