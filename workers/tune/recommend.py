@@ -112,9 +112,9 @@ def _bf16_reason(options: list[Option], chosen: Option, sit: Situation) -> str |
     if not sit.throughput.shape_measured and not chosen.lossy:
         return (
             f"--mamba-ssm-dtype bfloat16 ({best.name}) would fit {best.cap} running vs "
-            f"{chosen.cap}: an accuracy trade-off, and with throughput above the current cap "
-            f"unmeasured its gain is too, so it is not chosen; try it once a canary has "
-            f"measured the curve"
+            f"{chosen.cap}: an accuracy trade-off whose gain is unmeasured (so is throughput "
+            f"above {sit.throughput.measured_up_to:g} running), so it is not chosen; try it once "
+            f"a canary has measured the curve"
         )
     gain = best.tok_s / chosen.tok_s - 1 if chosen.tok_s else 0.0
     if chosen.lossy:
@@ -142,12 +142,12 @@ def _knee_reason(chosen: Option, sit: Situation) -> str | None:
     knee = tput.knee()
     if knee is None:
         seen = (
-            f"steady state measured up to {tput.measured_up_to:g} running"
+            f"measured at steady state up to {tput.measured_up_to:g} running, not above"
             if tput.measured_up_to
-            else "no steady state measured"
+            else "not measured at steady state"
         )
         return (
-            f"throughput curve unmeasured above the current cap ({seen}; no knee claimed): "
+            f"throughput curve {seen}, so no knee is claimed: "
             f"{chosen.cap} running is the most memory allows. Check: tune auto relaunches one "
             f"GPU and keeps the profile only if the engine's decode tok/s over a window at its "
             f"cap rises by {CANARY_MIN_GAIN:.0%}, else rolls it back"
