@@ -51,6 +51,7 @@ def make_models(state: SimState) -> Endpoint:
             "created": int(state.started_at),
             "owned_by": "sglang",
             "root": state.args.model_path,
+            "parent": None,
             "max_model_len": state.plan.context_len,
         }
         return json_response({"object": "list", "data": [card]})

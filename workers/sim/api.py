@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -121,24 +122,40 @@ def build_generate(state: SimState, body: dict[str, Any]) -> tuple[list[SimReque
         raise ValueError("Duplicate request IDs in the batch.")
     if body.get("stream"):
         raise ValueError("stream=true is not supported by the simulator (workers.sim).")
-    return [
-        make_request(state, n, p or {}, text, rid, key, ids)
-        for (n, text, key, ids), p, rid in zip(prompts, params, rids, strict=True)
-    ], batch
+    reqs = []
+    for (n, text, key, ids), p, rid in zip(prompts, params, rids, strict=True):
+        copies = int((p or {}).get("n") or 1)
+        # GenerateReqInput._handle_parallel_sampling: n > 1 answers a list of n results.
+        batch = batch or copies > 1
+        for copy in range(copies):
+            copy_rid = rid if copies == 1 or rid is None else f"{rid}_{copy}"
+            reqs.append(make_request(state, n, p or {}, text, copy_rid, f"{key}\0{copy}"
+                                     if copy else key, ids))
+    return reqs, batch
 
 
 def spec_meta(state: SimState, req: SimRequest) -> dict[str, Any]:
-    """Speculative fields of meta_info (``_calculate_spec_decoding_metrics``)."""
-    if not state.speculative or req.verify_ct == 0:
+    """Speculative fields of meta_info (``TokenizerManager._calculate_spec_decoding_metrics``,
+    0.5.11): none before the first verify step; ``spec_accept_histogram[k]`` counts the verify
+    steps that accepted ``k`` drafts (``Req.update_spec_acceptance_histogram``). The sim spreads
+    the accepted drafts evenly over the steps (it keeps no per-step record)."""
+    verify = req.verify_ct
+    if not state.speculative or verify == 0:
         return {}
-    drafted = req.verify_ct * (state.plan.num_draft_tokens - 1)
-    accepted = max(0, req.generated - 1 - req.verify_ct)  # prefill token and bonus tokens out
+    proposed = verify * (state.plan.num_draft_tokens - 1)
+    accepted = max(0, req.generated - 1 - verify)  # prefill token and bonus tokens out
+    per_step, extra = divmod(accepted, verify)
+    histogram = [0] * (per_step + (2 if extra else 1))
+    histogram[per_step] += verify - extra
+    if extra:
+        histogram[per_step + 1] += extra
     return {
-        "spec_accept_rate": accepted / drafted if drafted else 0.0,
-        "spec_accept_length": req.generated / req.verify_ct,
-        "spec_accept_token_num": accepted,
-        "spec_draft_token_num": drafted,
-        "spec_verify_ct": req.verify_ct,
+        "spec_accept_rate": accepted / proposed if proposed else 0.0,
+        "spec_accept_length": req.generated / verify,
+        "spec_accepted_drafts": accepted,
+        "spec_proposed_drafts": proposed,
+        "spec_verify_ct": verify,
+        "spec_accept_histogram": histogram,
     }
 
 
@@ -148,26 +165,67 @@ def text_tokens(req: SimRequest) -> int:
     return max(0, req.generated - 1) if stopped else req.generated
 
 
-def generate_result(state: SimState, req: SimRequest, logprob: bool = False, top: int = 0
+@dataclass(frozen=True)
+class LogprobAsk:
+    """A /generate request's logprob fields (``GenerateReqInput``)."""
+
+    top: int = 0  # top_logprobs_num
+    start: int = -1  # logprob_start_len; -1: output tokens only
+    with_text: bool = False  # return_text_in_logprobs
+
+    def prompt_ids(self, req: SimRequest) -> list[int]:
+        """The prompt tokens whose logprobs are returned (from ``start`` on)."""
+        if self.start < 0:
+            return []
+        ids = req.prompt_ids if req.prompt_ids is not None else filler_ids(req.input_len)
+        return ids[self.start:]
+
+
+def logprob_asks(body: dict[str, Any], count: int) -> list[LogprobAsk | None]:
+    """One LogprobAsk per result (None where ``return_logprob`` is off)."""
+    on = _as_list(body.get("return_logprob") or False, count)
+    top = _as_list(body.get("top_logprobs_num") or 0, count)
+    start = _as_list(body.get("logprob_start_len", -1), count)
+    text = bool(body.get("return_text_in_logprobs"))
+    return [LogprobAsk(int(k or 0), int(-1 if s is None else s), text) if lp else None
+            for lp, k, s in zip(on, top, start, strict=True)]
+
+
+def generate_result(state: SimState, req: SimRequest, ask: LogprobAsk | None = None
                     ) -> dict[str, Any]:
-    """One /generate response item (``logprob``: the request's ``return_logprob``)."""
+    """One /generate response item (``ask``: its logprob fields, None without logprobs)."""
     stopped = (req.finish_reason or {}).get("type") == "stop"
-    meta = {
+    eos = state.shape.eos_token_id if stopped else None
+    ids = filler_ids(req.generated, eos)
+    # Keys in the order 0.5.11 writes them (TokenizerManager._handle_batch_output).
+    meta: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish_reason,
         "prompt_tokens": req.input_len,
         "weight_version": "default",
         "total_retractions": req.retractions,
+        "queue_time": req.queue_s,
+        "prefill_waiting_latency": None,
+        "prefill_launch_latency": None,
+    }
+    if ask is not None:
+        meta.update(token_logprobs(ids, ask.top, ask.prompt_ids(req), ask.with_text))
+    now = time.time()
+    meta.update({
         "reasoning_tokens": 0,
         "completion_tokens": req.generated,
         "cached_tokens": req.cached_tokens,
+        "cached_tokens_details": None,
+        "dp_rank": None,
         "e2e_latency": req.latency,
         **spec_meta(state, req),
-    }
-    eos = state.shape.eos_token_id if stopped else None
-    ids = filler_ids(req.generated, eos)
-    if logprob:
-        meta.update(token_logprobs(ids, top))
+        "request_received_ts": now - req.latency,
+        "api_server_dispatch_finish_ts": now - req.latency,
+        "request_finished_ts": now,
+        "inference_time": req.latency,
+        "decode_throughput": req.generated / req.latency if req.latency > 0 else 0.0,
+        "response_sent_to_client_ts": now,
+    })
     return {"text": filler_text(text_tokens(req)), "output_ids": ids, "meta_info": meta}
 
 
@@ -188,10 +246,8 @@ def generate_handler(state: SimState) -> JsonHandler:
         except (ValueError, TypeError) as exc:
             return 400, error_payload(str(exc))
         done = await asyncio.gather(*(state.engine.submit(r) for r in reqs))
-        logprob = _as_list(body.get("return_logprob") or False, len(done))
-        top = _as_list(body.get("top_logprobs_num") or 0, len(done))
-        items = [generate_result(state, r, bool(lp), int(k or 0))
-                 for r, lp, k in zip(done, logprob, top, strict=True)]
+        asks = logprob_asks(body, len(done))
+        items = [generate_result(state, r, ask) for r, ask in zip(done, asks, strict=True)]
         return 200, items if batch else items[0]
 
     return generate
@@ -266,39 +322,49 @@ def make_server_info(state: SimState, deprecated: str | None = None) -> Endpoint
 
 
 def load_entry(state: SimState) -> dict[str, Any]:
-    """``loads[0]`` of /v1/loads (SGLang 0.5.11 ``srt/entrypoints/v1_loads.py``)."""
-    snap = state.engine.snapshot()
+    """``loads[0]`` of /v1/loads (``SchedulerMetricsMixin.get_loads`` and
+    ``v1_loads.get_loads``, 0.5.11): None fields are left out (``dp_rank`` at dp 1, and
+    ``speculative`` until the first decode step), ``token_usage`` is the full KV pool's,
+    ``num_total_tokens`` adds the waiting prompts to the used tokens, memory in GB to 3 places."""
+    engine = state.engine
+    snap = engine.snapshot()
     plan, mem = state.plan, state.plan.memory_gib
     metrics_on = state.metrics is not None  # gen_throughput comes from stats: 0 without metrics
-    interval = state.reporter.interval
-    spec = None
-    if state.speculative:
-        spec = {"accept_length": interval.accept_length, "accept_rate": interval.accept_rate}
-    return {
-        "dp_rank": 0,
+    waiting = sum(r.held for r in engine.waiting)
+    entry: dict[str, Any] = {
         "num_running_reqs": snap.running,
         "num_waiting_reqs": snap.queued,
         "num_used_tokens": snap.used_tokens,
+        "num_total_tokens": snap.used_tokens + waiting,
         "max_total_num_tokens": plan.max_total_num_tokens,
         "token_usage": round(snap.full_usage, 4),
-        "gen_throughput": round(state.engine.last_gen_throughput, 2) if metrics_on else 0.0,
+        "gen_throughput": round(engine.last_gen_throughput, 2) if metrics_on else 0.0,
         "cache_hit_rate": 0.0,
         "utilization": 0.0,
         "max_running_requests": plan.max_running_requests,
         "memory": {
-            "weight_gb": round(mem["weights"], 2),
-            "kv_cache_gb": round(mem["kv"], 2),
-            "graph_gb": round(plan.cuda_graph_gib, 2),
+            "weight_gb": round(mem["weights"], 3),
+            "kv_cache_gb": round(mem["kv"], 3),
+            "graph_gb": round(plan.cuda_graph_gib, 3),
             "token_capacity": plan.max_total_num_tokens,
         },
-        "speculative": spec,
-        "queues": {"waiting": snap.queued, "grammar": 0, "paused": 0, "retracted": 0},
-        "num_total_reqs": snap.running + snap.queued,
     }
+    if state.speculative and engine.lifetime_req_steps:
+        entry["speculative"] = {"accept_length": engine.avg_accept_length(),
+                                "accept_rate": state.reporter.interval.accept_rate}
+    entry["disaggregation"] = {
+        "mode": "null", "prefill_prealloc_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+        "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
+        "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
+        "kv_transfer_latency_ms": 0.0,
+    }
+    entry["queues"] = {"waiting": snap.queued, "grammar": 0, "paused": 0, "retracted": 0}
+    entry["num_total_reqs"] = snap.running + snap.queued
+    return entry
 
 
 def loads_document(state: SimState) -> dict[str, Any]:
-    """The /v1/loads JSON document."""
+    """The /v1/loads JSON document (``v1_loads._compute_aggregate`` for the aggregate)."""
     entry = load_entry(state)
     return {
         "timestamp": datetime.now(timezone.utc).isoformat(),
@@ -309,6 +375,8 @@ def loads_document(state: SimState) -> dict[str, Any]:
             "total_running_reqs": entry["num_running_reqs"],
             "total_waiting_reqs": entry["num_waiting_reqs"],
             "total_reqs": entry["num_total_reqs"],
+            "total_used_tokens": entry["num_used_tokens"],
+            "total_tokens": entry["num_total_tokens"],
             "avg_token_usage": entry["token_usage"],
             "avg_throughput": entry["gen_throughput"],
             "avg_utilization": 0.0,
@@ -317,13 +385,15 @@ def loads_document(state: SimState) -> dict[str, Any]:
 
 
 def loads_prometheus(entry: dict[str, Any]) -> str:
-    """``/v1/loads?format=prometheus``: underscore names with a dp_rank label."""
+    """``/v1/loads?format=prometheus`` (``v1_loads._format_loads_prometheus``): the
+    ``GetLoadsReqOutput`` fields, then the memory section as ``sglang_memory_*``; the label is
+    ``dp_rank="None"`` at dp 1, as the f-string writes a None rank."""
     lines = []
     for key, value in entry.items():
-        if isinstance(value, int | float) and key != "dp_rank":
-            lines.append(f'sglang_{key}{{dp_rank="0"}} {value}')
+        if isinstance(value, int | float) and key != "num_total_reqs":
+            lines.append(f'sglang_{key}{{dp_rank="None"}} {value}')
     for key, value in entry["memory"].items():
-        lines.append(f'sglang_memory_{key}{{dp_rank="0"}} {value}')
+        lines.append(f'sglang_memory_{key}{{dp_rank="None"}} {value}')
     return "\n".join(lines) + "\n"
 
 
@@ -340,18 +410,20 @@ def make_loads(state: SimState) -> Endpoint:
 
 
 def make_get_load(state: SimState) -> Endpoint:
-    """GET /get_load (deprecated list form)."""
+    """GET /get_load: the deprecated shim over /v1/loads (``http_server.get_load``, 0.5.11),
+    which warns on every call and answers ``ts_tic`` from ``time.perf_counter``."""
 
     async def get_load(request: Request) -> Response:
-        snap = state.engine.snapshot()
+        log("Endpoint '/get_load' is deprecated and will be removed in a future version. "
+            "Please use '/v1/loads' instead.")
+        entry = load_entry(state)
         item = {
-            "rid": None,
-            "http_worker_ipc": None,
-            "dp_rank": 0,
-            "num_reqs": snap.running + snap.queued,
-            "num_waiting_reqs": snap.queued,
-            "num_tokens": snap.used_tokens,
-            "ts_tic": time.time(),
+            "dp_rank": None,
+            "num_reqs": entry["num_running_reqs"] + entry["num_waiting_reqs"],
+            "num_waiting_reqs": entry["num_waiting_reqs"],
+            "num_tokens": entry["num_total_tokens"],
+            "num_pending_tokens": entry["num_total_tokens"] - entry["num_used_tokens"],
+            "ts_tic": time.perf_counter(),
         }
         return json_response([item])
 

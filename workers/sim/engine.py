@@ -86,7 +86,9 @@ class SimRequest:
     finish_reason: dict[str, Any] | None = None
     finished_at: float = 0.0
     admitted: bool = False
+    admitted_at: float = 0.0  # first admission (monotonic), for meta_info's queue_time
     retractions: int = 0
+    prompt_ids: list[int] | None = None  # the prompt's token ids when it came as input_ids
 
     def __post_init__(self) -> None:
         self.stop_at = min(self.drawn_len, self.max_new_tokens)
@@ -100,6 +102,11 @@ class SimRequest:
     def remaining(self) -> int:
         """Output tokens left in the request's budget."""
         return max(0, self.max_new_tokens - self.generated)
+
+    @property
+    def queue_s(self) -> float:
+        """Seconds from arrival to the first admission (0 if never admitted)."""
+        return max(0.0, self.admitted_at - self.arrival) if self.admitted_at else 0.0
 
     @property
     def latency(self) -> float:
@@ -134,6 +141,9 @@ class Snapshot:
     full_usage: float
     mamba_num: int
     mamba_usage: float
+    pending_tokens: int = 0  # prompt tokens waiting (Scheduler._get_num_pending_tokens)
+    total_tokens: int = 0  # the KV pool (max_total_num_tokens)
+    new_token_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,7 @@ class SimEngine:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.kv_used = 0  # KV tokens the running requests hold
+        self.waiting_tokens = 0  # tokens the waiting requests will prefill
         self.ratio = NewTokenRatio.from_conservativeness(config.schedule_conservativeness)
         self.active = 0  # running requests that make progress (not hung)
         self.decode_steps = 0
@@ -204,6 +215,7 @@ class SimEngine:
         """Queue ``req``; the future resolves with it once finished."""
         req.future = asyncio.get_running_loop().create_future()
         self.waiting.append(req)
+        self.waiting_tokens += req.held
         self._wake.set()
         return req.future
 
@@ -216,6 +228,7 @@ class SimEngine:
             self._finish(req, reason)
         if victims:
             self.waiting = deque(r for r in self.waiting if r.finish_reason is None)
+            self.waiting_tokens = sum(r.held for r in self.waiting)
             self.running = [r for r in self.running if r.finish_reason is None]
             self._wake.set()
         return len(victims)
@@ -234,10 +247,10 @@ class SimEngine:
         """Current usage, computed in O(running)."""
         cfg = self.config
         used = sum(r.input_len + r.generated for r in self.running)
-        # Slots held per running request: R - 1 (a third-party trace saw 4 held of the 5
-        # reserved under extra_buffer + MTP, github.com/jpezzulli/sglang-rtxpro6000 issue 5;
-        # the real run showed 59 of 80 slots at 16 running, 3.7 each). Radix-cached slots are
-        # not modelled.
+        # Slots held per running request: R - 1. Real 0.5.11 on an H200 (extra_buffer + MTP,
+        # R = 5) logged "mamba num: 64" at 16 running of 80 slots and 160 at 40 of 200, 4 each
+        # (docs/simulator.md); a third-party trace saw the same (github.com/jpezzulli/
+        # sglang-rtxpro6000 issue 5). Radix-cached slots are not modelled.
         held = max(1, cfg.mamba_ratio - 1)
         mamba_num = min(len(self.running) * held, cfg.max_mamba_cache_size)
         slots = max(cfg.max_mamba_cache_size, 1)
@@ -248,6 +261,9 @@ class SimEngine:
             full_usage=used / cfg.max_total_num_tokens,
             mamba_num=mamba_num if cfg.mamba_ratio else 0,
             mamba_usage=mamba_num / slots if cfg.mamba_ratio else 0.0,
+            pending_tokens=self.waiting_tokens,
+            total_tokens=cfg.max_total_num_tokens,
+            new_token_ratio=self.ratio.value,
         )
 
     def avg_accept_length(self) -> float:
@@ -309,6 +325,7 @@ class SimEngine:
                 break
             budgeted += admission_tokens(0, req.remaining, self.ratio.value)
             self.waiting.popleft()
+            self.waiting_tokens -= req.held
             req.cached_tokens = hit
             self.cache.insert(req.prefix)
             new_reqs += 1
@@ -330,6 +347,7 @@ class SimEngine:
             os._exit(1)  # sim fault injection: a poison prompt kills the engine
         self.running.append(req)
         req.admitted = True
+        req.admitted_at = req.admitted_at or time.monotonic()
         if req.hang:
             self.kv_used += req.held
             return  # sim fault injection: admitted, holds its slot, never advances
@@ -415,6 +433,7 @@ class SimEngine:
         budget = sum(r.max_new_tokens for r in self.running)
         self.ratio.after_retract(decoded, budget, len(self.running))
         self.waiting.extendleft(reversed(retracted))
+        self.waiting_tokens += sum(r.held for r in retracted)
         self.observer.on_retract(len(retracted), old, self.ratio.value)
 
     def _retract(self, req: SimRequest) -> None:

@@ -108,6 +108,7 @@ _SCHEDULING: list[FlagSpec] = [
     (("--disable-overlap-schedule",), BOOL, False, None),
     (("--disable-cuda-graph",), BOOL, False, None),
     (("--disable-cuda-graph-padding",), BOOL, False, None),
+    (("--disable-piecewise-cuda-graph",), BOOL, False, None),  # 0.5.11 ServerArgs
     (("--cuda-graph-max-bs",), int, None, None),
     (("--enable-torch-compile",), BOOL, False, None),
     (("--torch-compile-max-bs",), int, 32, None),

@@ -22,6 +22,7 @@ from workers.sim.engine import SimRequest
 from workers.sim.state import SimState, Uncaught, make_request
 from workers.sim.textgen import (
     chat_logprobs,
+    completion_logprobs,
     count_chat_tokens,
     count_text_tokens,
     filler_ids,
@@ -103,16 +104,27 @@ def _check_body(body: dict[str, Any]) -> None:
         raise ValueError("n > 1 is not supported by the simulator (workers.sim).")
 
 
-def completion_document(state: SimState, done: list[SimRequest]) -> dict[str, Any]:
-    """The /v1/completions response."""
+def completion_logprob_request(body: dict[str, Any]) -> int | None:
+    """``CompletionRequest.logprobs`` (``Optional[int]``): the top count, None for none."""
+    value = body.get("logprobs")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"logprobs: Input should be a valid integer, got {value!r}")
+    return value
+
+
+def completion_document(state: SimState, done: list[SimRequest], top: int | None = None
+                        ) -> dict[str, Any]:
+    """The /v1/completions response (``top``: the request's ``logprobs``)."""
     choices = []
     for index, req in enumerate(done):
         kind, matched = _finish(req)
+        eos = state.shape.eos_token_id if kind == "stop" else None
+        ids = filler_ids(req.generated, eos)
         choices.append(
             {
                 "index": index,
                 "text": filler_text(text_tokens(req)),
-                "logprobs": None,
+                "logprobs": None if top is None else completion_logprobs(ids, top),
                 "finish_reason": kind,
                 "matched_stop": matched,
             }
@@ -124,6 +136,7 @@ def completion_document(state: SimState, done: list[SimRequest]) -> dict[str, An
         "model": state.model_name,
         "choices": choices,
         "usage": _usage(done),
+        "metadata": {"weight_version": "default"},
     }
 
 
@@ -137,6 +150,7 @@ def completions_handler(state: SimState) -> JsonHandler:
             body = parse_json(raw)
             _check_body(body)
             params = _sampling(body, body.get("max_tokens", 16))
+            top = completion_logprob_request(body)
             reqs = [
                 make_request(state, n, params, text)
                 for n, text in _completion_prompts(body.get("prompt"))
@@ -146,7 +160,7 @@ def completions_handler(state: SimState) -> JsonHandler:
         except (ValueError, TypeError) as exc:
             return openai_error(str(exc))
         done = list(await asyncio.gather(*(state.engine.submit(r) for r in reqs)))
-        return 200, completion_document(state, done)
+        return 200, completion_document(state, done, top)
 
     return completions
 
@@ -199,6 +213,7 @@ def chat_document(state: SimState, req: SimRequest, thinking: bool,
         "model": state.model_name,
         "choices": [choice],
         "usage": _usage([req], reasoning),
+        "metadata": {"weight_version": "default"},
     }
 
 
@@ -222,7 +237,14 @@ def build_chat(state: SimState, body: dict[str, Any]) -> SimRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list.")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    context = state.args.context_length  # the --context-length flag, None when not given
+    if max_tokens and context and max_tokens > context and not state.args.allow_auto_truncate:
+        # OpenAIServingChat._validate_request (0.5.11): answered before tokenizing.
+        raise ValueError(
+            f"max_completion_tokens is too large: {max_tokens}."
+            f"This model supports at most {context} completion tokens."
+        )
     text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     rid = str(body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}")
     key = orjson.dumps(messages).decode()

@@ -15,6 +15,7 @@ refreshes them). At real speed nothing is skipped.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -95,49 +96,61 @@ class SimMetrics:
             "moe_ep_rank": "0",
         }
         names = list(sched)
+        self.sched = sched
         self.gauges = {
             name: Gauge(f"sglang:{name}", doc, names, registry=self.registry).labels(**sched)
             for name, doc in GAUGES.items()
         }
-        realtime = Counter(
+        # SchedulerMetricsCollector gives these two a pid label (multiprocess "livesum").
+        pid = {**sched, "pid": str(os.getpid())}
+        for name in ("num_retracted_reqs", "num_paused_reqs"):
+            Gauge(f"sglang:{name}", name, list(pid), registry=self.registry).labels(**pid)
+        # Children of a labelled counter appear on first increment, as in SGLang: a mode, a
+        # cache source or a retraction that never happened has no sample.
+        self.realtime = Counter(
             "sglang:realtime_tokens",
-            "Tokens computed per step by mode.",
+            "Total number of tokens processed (updated on each log interval). "
+            "mode: prefill_compute, prefill_cache, decode.",
             [*names, "mode"],
             registry=self.registry,
         )
-        self.decode_tokens = realtime.labels(**sched, mode="decode")
-        self.prefill_tokens = realtime.labels(**sched, mode="prefill_compute")
-        self.prefill_cached = realtime.labels(**sched, mode="prefill_cache")
         self.retracted = Counter(
             "sglang:num_retracted_requests",
             "Requests retracted from the running batch.",
             names,
             registry=self.registry,
-        ).labels(**sched)
-        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", model_name)
-        self.generation_tokens = self._counter(
-            "generation_tokens", "Generated tokens (finished).", model_name
         )
-        self.num_requests = self._counter("num_requests", "Finished requests.", model_name)
+        # TokenizerMetricsCollector's labels: model_name and engine_type.
+        tok = {"model_name": model_name, "engine_type": "unified"}
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", tok)
+        self.generation_tokens = self._counter(
+            "generation_tokens", "Generated tokens (finished).", tok
+        )
+        self.num_requests = self._counter("num_requests", "Finished requests.", tok)
         # Tokenizer-side, per finished request, by where the hit was found (device: GPU KV).
         self.cached_tokens = Counter(
             "sglang:cached_tokens",
-            "Number of cached prompt tokens.",
-            ["model_name", "cache_source"],
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [*tok, "cache_source"],
             registry=self.registry,
-        ).labels(model_name=model_name, cache_source="device")
+        )
+        self.tok = tok
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end latency.",
-            ["model_name"],
+            list(tok),
             buckets=E2E_BUCKETS,
             registry=self.registry,
-        ).labels(model_name=model_name)
+        ).labels(**tok)
 
-    def _counter(self, name: str, doc: str, model_name: str) -> Counter:
-        """A tokenizer-side counter labelled by model_name (the labelled child)."""
-        family = Counter(f"sglang:{name}", doc, ["model_name"], registry=self.registry)
-        return family.labels(model_name=model_name)
+    def _counter(self, name: str, doc: str, labels: dict[str, str]) -> Counter:
+        """A tokenizer-side counter (the labelled child)."""
+        family = Counter(f"sglang:{name}", doc, list(labels), registry=self.registry)
+        return family.labels(**labels)
+
+    def count_tokens(self, mode: str, tokens: int) -> None:
+        """``increment_realtime_tokens``: ``sglang:realtime_tokens_total{mode}``."""
+        self.realtime.labels(**self.sched, mode=mode).inc(tokens)
 
     def set(self, **values: float) -> None:
         """Set gauges by short name."""
@@ -160,6 +173,19 @@ GAUGES = {
     "max_total_num_tokens": "Maximum total number of tokens in the KV pool.",
     "spec_accept_length": "The average acceptance length of speculative decoding.",
     "spec_accept_rate": "The average acceptance rate of speculative decoding.",
+    "context_len": "The context length.",
+    "page_size": "The page size of the KV pool.",
+    "num_pages": "The number of pages of the KV pool.",
+    "startup_available_gpu_memory_gb": "GPU memory left after start-up (GB).",
+    "new_token_ratio": "The new token ratio of the scheduler.",
+    "kv_used_tokens": "KV tokens in use.",
+    "kv_available_tokens": "KV tokens available.",
+    "decode_sum_seq_lens": "Sum of the sequence lengths of the running batch.",
+    "is_cuda_graph": "Whether the last batch ran a CUDA graph.",
+    "cache_hit_rate": "The prefix cache hit rate.",
+    "utilization": "The utilization.",
+    "swa_token_usage": "The token usage of the SWA pool.",
+    "num_grammar_queue_reqs": "The number of requests in the grammar queue.",
 }
 
 
@@ -212,6 +238,11 @@ class Reporter:
             token_usage=token_usage,
             full_token_usage=snap.full_usage,
             mamba_usage=snap.mamba_usage,
+            kv_used_tokens=snap.used_tokens,
+            kv_available_tokens=snap.total_tokens - snap.used_tokens,
+            decode_sum_seq_lens=snap.used_tokens,
+            new_token_ratio=snap.new_token_ratio,
+            is_cuda_graph=float(0 < snap.running <= self.graph_max_bs),
             gen_throughput=self.interval.gen_throughput,
             spec_accept_length=self.interval.accept_length,
             spec_accept_rate=self.interval.accept_rate,
@@ -222,11 +253,11 @@ class Reporter:
         if self.metrics is None:
             return
         if decode_tokens:
-            self.metrics.decode_tokens.inc(decode_tokens)
+            self.metrics.count_tokens("decode", decode_tokens)
         if prefill_tokens:
-            self.metrics.prefill_tokens.inc(prefill_tokens)
+            self.metrics.count_tokens("prefill_compute", prefill_tokens)
         if cached_tokens:
-            self.metrics.prefill_cached.inc(cached_tokens)
+            self.metrics.count_tokens("prefill_cache", cached_tokens)
 
     def on_prefill(
         self, new_reqs: int, new_tokens: int, cached: int, running_before: int, snap: Snapshot
@@ -239,7 +270,7 @@ class Reporter:
         if not self._may_log("prefill"):
             return
         usage = usage_part(snap, self.hybrid, decode=False)
-        pending = "#pending-token: 0, " if self.pending_token else ""
+        pending = f"#pending-token: {snap.pending_tokens}, " if self.pending_token else ""
         log(
             f"Prefill batch, #new-seq: {new_reqs}, #new-token: {new_tokens}, "
             f"#cached-token: {cached}, "
@@ -277,7 +308,8 @@ class Reporter:
         self.metrics.generation_tokens.inc(req.generated)
         self.metrics.num_requests.inc()
         if req.cached_tokens:
-            self.metrics.cached_tokens.inc(req.cached_tokens)
+            labels = {**self.metrics.tok, "cache_source": "device"}
+            self.metrics.cached_tokens.labels(**labels).inc(req.cached_tokens)
         self.metrics.e2e.observe(req.latency)
 
     def on_idle(self, snap: Snapshot) -> None:
@@ -288,7 +320,7 @@ class Reporter:
     def on_retract(self, count: int, old_ratio: float, new_ratio: float) -> None:
         """The scheduler's retraction line (``Scheduler.update_running_batch``)."""
         if self.metrics is not None:
-            self.metrics.retracted.inc(count)
+            self.metrics.retracted.labels(**self.metrics.sched).inc(count)
         log(
             f"KV cache pool is full. Retract requests. #retracted_reqs: {count}, "
             f"#new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}",

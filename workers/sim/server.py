@@ -50,7 +50,10 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
     name = args.served_model_name or args.model_path
     metrics = SimMetrics(name) if args.enable_metrics else None
     if metrics is not None:
-        metrics.set(max_total_num_tokens=plan.max_total_num_tokens)
+        metrics.set(max_total_num_tokens=plan.max_total_num_tokens,
+                    context_len=plan.context_len, page_size=args.page_size or 1,
+                    num_pages=plan.max_total_num_tokens // (args.page_size or 1),
+                    kv_available_tokens=plan.max_total_num_tokens)
     reporter = Reporter(
         metrics,
         hybrid=shape.hybrid,

@@ -142,4 +142,6 @@ async def run_startup(state: SimState, startup_s: float, prefix: str = "") -> No
     log(f"Memory pool end. avail mem={avail:.2f} GB", prefix)
     avail = await _graphs(state, avail, startup_s, prefix)
     log(scheduler_line(state, avail), prefix)
+    if state.metrics is not None:
+        state.metrics.set(startup_available_gpu_memory_gb=avail)
     await asyncio.sleep(max(0.0, begin + startup_s - time.monotonic()))

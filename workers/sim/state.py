@@ -172,6 +172,21 @@ def _check_context(input_len: int, max_new: int | None, context_len: int, reserv
         )
 
 
+def _check_scheduler_length(input_len: int, max_req_input_len: int) -> None:
+    """``validate_input_length`` (managers/utils.py), called by
+    ``Scheduler.handle_generate_request``: ``len(origin_input_ids) >= max_req_input_len`` is
+    refused, where ``max_req_input_len = min(context_len - 1, pool - 1) - 5``
+    (``TpModelWorker.__init__``). The request is aborted with status 400
+    (``Req.set_finish_with_abort``) and ``TokenizerManager._wait_one_response`` raises the
+    message as a ValueError. It bites after the tokenizer-side check: with MTP (4 reserved) and
+    context 8192, 8187 input ids pass ``_validate_one_request`` and are refused here."""
+    if input_len >= max_req_input_len:
+        raise ValueError(
+            f"Input length ({input_len} tokens) exceeds the maximum allowed length "
+            f"({max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate."
+        )
+
+
 def make_request(
     state: SimState,
     input_len: int,
@@ -194,6 +209,7 @@ def make_request(
         input_len = min(input_len, plan.max_req_input_len)
     else:
         _check_context(input_len, max_new, plan.context_len, reserved_tokens(state.flags))
+        _check_scheduler_length(input_len, plan.max_req_input_len)
     clamped = clamp_max_new_tokens(max_new, input_len, plan.max_req_len)
     identity = text if key is None else key
     drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw(identity)
@@ -203,6 +219,7 @@ def make_request(
         max_new_tokens=clamped,
         drawn_len=drawn,
         prefix=prefix_keys(text, ids),
+        prompt_ids=ids,
         crash=CRASH_MARKER in text,
         hang=HANG_MARKER in text,
     )

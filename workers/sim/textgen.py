@@ -105,21 +105,39 @@ def filler_logprob(position: int) -> float:
     return -0.05 - (position % 7) / 10
 
 
-def token_logprobs(ids: list[int], top: int) -> dict[str, Any]:
-    """meta_info's logprob fields for output tokens ``ids``, as
-    ``TokenizerManager.add_logprob_to_meta_info`` writes them without
-    ``return_text_in_logprobs``: ``(logprob, token_id, None)`` per token, and per token the
-    ``top`` best as the same triples when ``top_logprobs_num`` > 0. The input lists are left
-    empty: the fleet never asks for prompt logprobs."""
+def _triple(logprob: float | None, token: int, with_text: bool) -> tuple[Any, ...]:
+    """``(logprob, token_id, text or None)`` as ``detokenize_logprob_tokens`` writes it."""
+    return logprob, token, (filler_word(token) if with_text else None)
+
+
+def token_logprobs(ids: list[int], top: int, input_ids: list[int] | None = None,
+                   with_text: bool = False) -> dict[str, Any]:
+    """meta_info's logprob fields, as ``TokenizerManager.add_logprob_to_meta_info`` writes them
+    (0.5.11): ``(logprob, token_id, text)`` per token (text None unless
+    ``return_text_in_logprobs``), ``output_token_logprobs_length``, and with
+    ``top_logprobs_num`` > 0 the ``top`` best per position. ``input_ids`` are the prompt tokens
+    from ``logprob_start_len`` on (None or empty: the default start, output only); the first
+    prompt token has no logprob (``None``) and no top list."""
+    prompt = input_ids or []
     out: dict[str, Any] = {
-        "input_token_logprobs": [],
-        "output_token_logprobs": [(filler_logprob(i), t, None) for i, t in enumerate(ids)],
+        "input_token_logprobs": [
+            _triple(None if i == 0 else filler_logprob(i), t, with_text)
+            for i, t in enumerate(prompt)],
+        "output_token_logprobs": [
+            _triple(filler_logprob(i), t, with_text) for i, t in enumerate(ids)],
+        "output_token_logprobs_length": len(ids),
     }
     if top > 0:
-        out["input_top_logprobs"] = []
-        out["output_top_logprobs"] = [
-            [(filler_logprob(i) - k, t + k, None) for k in range(top)] for i, t in enumerate(ids)]
+        def best(i: int, t: int) -> list[tuple[Any, ...]]:
+            return [_triple(filler_logprob(i) - k, t + k, with_text) for k in range(top)]
+        out["input_top_logprobs"] = [None if i == 0 else best(i, t) for i, t in enumerate(prompt)]
+        out["output_top_logprobs"] = [best(i, t) for i, t in enumerate(ids)]
     return out
+
+
+def filler_word(token: int) -> str:
+    """The text of a filler token id (an id outside the filler set decodes to "")."""
+    return f" {_WORDS[_IDS.index(token)]}" if token in _IDS else ""
 
 
 def chat_logprobs(ids: list[int], top: int) -> dict[str, Any]:
@@ -131,3 +149,17 @@ def chat_logprobs(ids: list[int], top: int) -> dict[str, Any]:
                 "top_logprobs": [{"token": token, "logprob": filler_logprob(i) - k,
                                   "bytes": list(token.encode())} for k in range(top)]}
     return {"content": [entry(i, t) for i, t in enumerate(ids)]}
+
+
+def completion_logprobs(ids: list[int], top: int) -> dict[str, Any]:
+    """A /v1/completions choice's ``logprobs`` (``serving_completions``
+    ``_build_logprobs_response`` over output tokens: ``text_offset`` is -1 without ``echo``,
+    ``top_logprobs`` one ``{token text: logprob}`` per token)."""
+    words = [_WORDS[i % len(_WORDS)] for i in range(len(ids))]
+    return {
+        "text_offset": [-1] * len(ids),
+        "token_logprobs": [filler_logprob(i) for i in range(len(ids))],
+        "tokens": words,
+        "top_logprobs": [{_WORDS[(i + k) % len(_WORDS)]: filler_logprob(i) - k
+                          for k in range(top)} for i in range(len(ids))],
+    }

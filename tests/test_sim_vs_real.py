@@ -1,0 +1,239 @@
+"""The simulator against real SGLang 0.5.11: every captured request, replayed.
+
+Each capture's launch flags (the ``CMD:`` line of its server.log) start a simulator with the
+H200's memory; every captured request is sent to it, and the answer must have the real engine's
+status code, content type and body shape (the keys, recursively), with the exact error message
+wherever the message does not depend on a real tokenizer. One difference is by design and
+asserted as such: ``stream: true`` gets a 400 from the simulator where SGLang streams (the fleet
+never streams, so the simulator refuses loudly instead of faking it; docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.realfixtures import (
+    CAPTURES,
+    REAL,
+    Exchange,
+    exchanges,
+    rebuilt_request,
+    text,
+)
+from tests.simproc import Sim, launch
+from workers.engine.capacity import model_shape
+
+H200_MIB = 143_771  # nvidia-smi memory.total of the capture's GPU (timing.txt)
+MODELS = REAL.parents[2] / "models"
+# Stand-ins for the capture's model folders where the catalogue does not read the folder.
+CATALOGUE = {"qwen36-27b-dummy": "Qwen/Qwen3.6-27B", "qwen3-tiny": "Qwen/Qwen3-0.6B"}
+# Answers whose values are the run's own (time, ids, sampled tokens): compared by shape only.
+EXACT_MESSAGE = re.compile(r"len\d+_max\d+|bad_temperature|bad_top_p|max_tokens_over_ctx")
+# /server_info fields the fleet reads, and what each internal_states entry must carry.
+INFO_KEYS = ("max_running_requests", "max_total_num_tokens", "max_mamba_cache_size",
+             "max_req_input_len", "decode_log_interval", "context_length", "version",
+             "speculative_algorithm", "mamba_scheduler_strategy", "disable_overlap_schedule")
+STATE_KEYS = ("effective_max_running_requests_per_dp", "max_mamba_cache_size", "memory_usage",
+              "last_gen_throughput")
+
+
+def _reads_folders() -> bool:
+    """Whether the capacity planner reads a model folder's config.json (else: its catalogue)."""
+    try:
+        return model_shape(str(MODELS / "qwen3-tiny")).name != model_shape("no/such-model").name
+    except ValueError:  # an unknown path is refused once folders are read
+        return True
+
+
+def launch_argv(capture: str) -> tuple[list[str], dict[str, str]]:
+    """The capture's launch flags and environment, with a model path the simulator can plan."""
+    cmd = text(capture, "server.log").splitlines()[0].removeprefix("CMD: ")
+    env_part, _, flags = cmd.partition(" python3 -m sglang.launch_server ")
+    env = dict(item.split("=", 1) for item in shlex.split(env_part))
+    argv = shlex.split(flags)
+    at = argv.index("--model-path") + 1
+    folder = Path(argv[at]).name
+    argv[at] = str(MODELS / folder) if _reads_folders() else CATALOGUE[folder]
+    for flag in ("--host", "--port"):
+        at = argv.index(flag)
+        del argv[at:at + 2]
+    return argv, env
+
+
+@pytest.fixture(scope="module", params=CAPTURES)
+def replay(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, Sim]]:
+    """A simulator started with one capture's flags on the H200's memory."""
+    capture = request.param
+    argv, env = launch_argv(capture)
+    env |= {"FLEET_SIM_SPEED": "200", "FLEET_SIM_GPU_MEMORY_MIB": str(H200_MIB)}
+    sim = launch(tmp_path_factory.mktemp(capture), argv, env)
+    sim.wait_ready()
+    yield capture, sim
+    sim.stop()
+
+
+def send(sim: Sim, x: Exchange) -> httpx.Response:
+    """Send a captured request as it was sent."""
+    if x.method == "GET":
+        return httpx.get(f"{sim.url}{x.path}", timeout=30.0)
+    return httpx.post(f"{sim.url}{x.path}", json=rebuilt_request(x), timeout=60.0)
+
+
+def shape(value: Any) -> Any:
+    """The keys of a JSON value, recursively (lists by their first item, scalars by kind)."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    if value is None:
+        return None
+    return "str" if isinstance(value, str) else "number"
+
+
+def same_shape(real: Any, sim: Any, where: str = "") -> list[str]:
+    """Where two JSON values differ in keys. A real null matches anything (random weights
+    decode to no text); a simulated null where the real engine answered an object is a
+    difference."""
+    if real is None:
+        return []
+    if sim is None:
+        nested = isinstance(real, dict | list)
+        return [f"{where}: null, real {type(real).__name__}"] if nested else []
+    if where.endswith("logprobs.top_logprobs[0]"):
+        return []  # /v1/completions: {token text: logprob}, keyed by the sampled tokens
+    if isinstance(real, dict) and isinstance(sim, dict):
+        out = [f"{where}.{k}: {'missing' if k in real else 'extra'}"
+               for k in sorted(set(real) ^ set(sim))]
+        for key in set(real) & set(sim):
+            out += same_shape(real[key], sim[key], f"{where}.{key}")
+        return out
+    if isinstance(real, list) and isinstance(sim, list):
+        return same_shape(real[0], sim[0], f"{where}[0]") if real and sim else []
+    if isinstance(real, dict | list) or isinstance(sim, dict | list):
+        return [f"{where}: {type(real).__name__} vs {type(sim).__name__}"]
+    return []
+
+
+def _message(body: Any) -> str:
+    return body.get("message") or body["error"]["message"]
+
+
+def _kind(headers: Any) -> str:
+    return (headers.get("content-type") or "").split(";")[0]
+
+
+def test_every_captured_request_gets_the_real_status_and_shape(replay: tuple[str, Sim]) -> None:
+    capture, sim = replay
+    problems: list[str] = []
+    for x in exchanges(capture):
+        if x.path in ("/metrics", "/get_server_info", "/server_info"):
+            continue  # compared below
+        got = send(sim, x)
+        if x.streamed:
+            assert got.status_code == 400 and "stream" in _message(got.json()), x.name
+            continue
+        if (got.status_code, _kind(got.headers)) != (x.status, _kind(x.headers)):
+            problems.append(f"{x.name}: {got.status_code} {_kind(got.headers)} "
+                            f"{got.text[:200]!r}, real {x.status} {_kind(x.headers)}")
+            continue
+        if x.status == 500 or not x.body:
+            if got.text != x.body:
+                problems.append(f"{x.name}: body {got.text[:80]!r}, real {x.body!r}")
+            continue
+        real, mine = x.json(), got.json()
+        problems += [f"{x.name}{d}" for d in same_shape(real, mine)]
+        if x.status == 400 and EXACT_MESSAGE.search(x.name) and _message(real) != _message(mine):
+            problems.append(f"{x.name}: {_message(mine)!r}, real {_message(real)!r}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_context_edge_is_where_sglangs_is(replay: tuple[str, Sim]) -> None:
+    capture, sim = replay
+    if capture == "dense":
+        pytest.skip("the dense capture sent no length probes")
+    cases = {x.name: x for x in exchanges(capture) if re.search(r"len\d+_max", x.name)}
+    assert len(cases) == 9
+    for name, x in cases.items():
+        got = send(sim, x)
+        assert got.status_code == x.status, (name, got.text)
+        if x.status == 400:
+            assert got.json() == x.json(), name
+    # Between the captured probes: 8186 is refused by the scheduler's check, 8185 is served.
+    for n, status in ((8186, 400), (8185, 200)):
+        body = {"input_ids": [100 + i % 500 for i in range(n)],
+                "sampling_params": {"max_new_tokens": 1}}
+        assert httpx.post(f"{sim.url}/generate", json=body, timeout=60).status_code == status
+
+
+def test_server_info_and_loads_report_the_real_caps(replay: tuple[str, Sim]) -> None:
+    capture, sim = replay
+    real = next(x for x in exchanges(capture) if x.path == "/server_info").json()
+    mine = sim.get("/server_info").json()
+    for key in INFO_KEYS:
+        if key in ("max_total_num_tokens",):
+            continue  # the KV pool: test_the_captured_pools_are_reproduced
+        assert mine.get(key) == real.get(key), key
+    for key in STATE_KEYS:
+        assert (key in mine["internal_states"][0]) == (key in real["internal_states"][0]), key
+    cap = real["internal_states"][0]["effective_max_running_requests_per_dp"]
+    assert mine["internal_states"][0]["effective_max_running_requests_per_dp"] == cap
+    assert sim.get("/v1/loads").json()["loads"][0]["max_running_requests"] == cap
+
+
+def _families(exposition: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """Metric families: name -> (type, label keys without ``le``)."""
+    types: dict[str, str] = {}
+    labels: dict[str, set[str]] = {}
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            name = re.match(r"[^{ ]+", line).group(0)  # type: ignore[union-attr]
+            for suffix in ("_bucket", "_sum", "_count", "_total"):
+                if name.endswith(suffix) and name.removesuffix(suffix) in types:
+                    name = name.removesuffix(suffix)
+            keys = set(re.findall(r'(\w+)="', line)) - {"le"}
+            labels.setdefault(name, set()).update(keys)
+    # Families with samples only: SGLang's multiprocess collector writes no empty family.
+    return {n: (types.get(n, "?"), frozenset(keys)) for n, keys in labels.items()}
+
+
+READ_BY_THE_FLEET = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
+                     "sglang:token_usage", "sglang:num_used_tokens", "sglang:max_total_num_tokens",
+                     "sglang:mamba_usage", "sglang:full_token_usage", "sglang:spec_accept_length",
+                     "sglang:realtime_tokens_total", "sglang:generation_tokens_total",
+                     "sglang:prompt_tokens_total")
+
+
+# Written on first use (metrics_collector.py, 0.5.11): a prompt-cache hit
+# (TokenizerMetricsCollector.observe_one_finished_request) and a retraction
+# (SchedulerMetricsCollector.increment_retracted_reqs).
+_SCHED = frozenset({"engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"})
+LAZY = {
+    "sglang:cached_tokens_total": ("counter", frozenset({"engine_type", "model_name",
+                                                         "cache_source"})),
+    "sglang:num_retracted_requests_total": ("counter", _SCHED),
+}
+
+
+def test_every_metric_family_of_the_sim_is_sglangs(replay: tuple[str, Sim]) -> None:
+    capture, sim = replay
+    real_text = next(x for x in exchanges(capture) if x.path == "/metrics").body
+    if capture != "dense":
+        real_text = text(capture, "load_metrics_t10.txt")
+    body = {"text": "word " * 64, "sampling_params": {"max_new_tokens": 50}}
+    assert httpx.post(f"{sim.url}/generate", json=body, timeout=60).status_code == 200
+    real, mine = _families(real_text), _families(sim.get("/metrics").text)
+    real |= LAZY  # families SGLang creates on an event the capture did not see
+    differ = {name: (mine[name], real.get(name)) for name in mine if mine[name] != real.get(name)}
+    assert differ == {}
+    assert set(READ_BY_THE_FLEET) <= set(mine)
