@@ -72,6 +72,10 @@ class SimSettings(BaseSettings):
     startup_s: float = 1.0
     # The SGLang release the simulator plays (its /server_info version and version-specific lines).
     sglang_version: str = "0.5.11"
+    # Timing profile (workers/sim/calibration.py, docs/simulator.md): "b200-workload" (the real
+    # job, MTP accept ~3.5) or "h200-dummy" (real SGLang 0.5.11 on one H200, dummy weights,
+    # accept ~1.0); its GPU memory and start-up time apply unless set above.
+    calibration: str = "b200-workload"
 
 
 class S3Settings(BaseSettings):

@@ -10,6 +10,7 @@ never streams, so the simulator refuses loudly instead of faking it; docs/simula
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from tests.realfixtures import (
 )
 from tests.simproc import Sim, launch
 from workers.engine.capacity import model_shape
+from workers.engine.log import parse_log
+from workers.sim.calibration import H200_DUMMY
 
 H200_MIB = 143_771  # nvidia-smi memory.total of the capture's GPU (timing.txt)
 MODELS = REAL.parents[2] / "models"
@@ -237,3 +240,72 @@ def test_every_metric_family_of_the_sim_is_sglangs(replay: tuple[str, Sim]) -> N
     differ = {name: (mine[name], real.get(name)) for name in mine if mine[name] != real.get(name)}
     assert differ == {}
     assert set(READ_BY_THE_FLEET) <= set(mine)
+
+
+def test_the_captured_pools_are_reproduced(replay: tuple[str, Sim]) -> None:
+    capture, sim = replay
+    real, mine = parse_log(text(capture, "server.log")), parse_log(sim.log())
+    assert mine.scheduler is not None and real.scheduler is not None
+    assert mine.scheduler.max_running_requests == real.scheduler.max_running_requests
+    assert mine.scheduler.context_len == real.scheduler.context_len
+    assert mine.mamba == real.mamba  # slots and every Mamba pool's GiB, to the logged digit
+    assert mine.kv_tokens == pytest.approx(real.kv_tokens, rel=0.001), "KV tokens"
+
+
+def _steady_decode_lines() -> list[tuple[float, float, float]]:
+    """(running, mean context, measured ms per step) of every decode line that follows a
+    decode line of the same batch size (no prefill in its interval)."""
+    rows = []
+    for capture in CAPTURES[:3]:
+        decode = parse_log(text(capture, "server.log")).batches
+        for prev, line in zip(decode, decode[1:], strict=False):
+            running = line.number("#running-req") or 0
+            same = prev.kind == line.kind == "decode" and prev.number("#running-req") == running
+            tokens = line.number("#full token") or 0
+            rate = line.number("gen throughput (token/s)")
+            if same and tokens and rate:
+                step = running * (line.number("accept len") or 1.0) / rate * 1000
+                rows.append((running, tokens / running, step))
+    return rows
+
+
+def test_the_h200_calibration_fits_every_steady_decode_line() -> None:
+    rows = _steady_decode_lines()
+    assert len(rows) > 50 and {r for r, _, _ in rows} >= {1, 16, 40}
+    for running, context, measured in rows:
+        modelled = H200_DUMMY.step_ms(int(running), context, speculative=True)
+        assert modelled == pytest.approx(measured, abs=1.0), (running, context)
+
+
+@pytest.mark.parametrize(("capture", "running", "tok_s"),
+                         [("big80", 16, 490), ("big200_40", 40, 780)])
+def test_the_h200_simulator_decodes_at_the_real_rate(tmp_path: Path, capture: str, running: int,
+                                                     tok_s: float) -> None:
+    argv, env = launch_argv(capture)
+    speed = 20.0
+    env |= {"FLEET_SIM_CALIBRATION": "h200-dummy", "FLEET_SIM_SPEED": str(speed)}
+    sim = launch(tmp_path, argv, env)
+    try:
+        sim.wait_ready()
+        # The capture's load: 200 prompts at once, 128 new tokens each, ignore_eos.
+        bodies = [{"input_ids": [100 + (i + j) % 500 for j in range(250)],
+                   "sampling_params": {"max_new_tokens": 128, "ignore_eos": True}}
+                  for i in range(200)]
+        statuses = asyncio.run(_post_all(f"{sim.url}/generate", bodies))
+        assert statuses == [200] * 200
+        lines = [b for b in parse_log(sim.log()).decode_lines()
+                 if b.number("#running-req") == running]
+        assert lines
+        rates = sorted((b.number("gen throughput (token/s)") or 0) / speed for b in lines)
+        assert rates[len(rates) // 2] == pytest.approx(tok_s, rel=0.15)
+        loads = sim.get("/v1/loads").json()["loads"][0]
+        assert loads["max_running_requests"] == running
+    finally:
+        sim.stop()
+
+
+async def _post_all(url: str, bodies: list[dict[str, Any]]) -> list[int]:
+    limits = httpx.Limits(max_connections=256)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        answers = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
+    return [a.status_code for a in answers]

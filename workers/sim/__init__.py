@@ -25,9 +25,12 @@ containing ``__SIM_ERROR__`` gets the bare HTTP 500 of an exception SGLang's han
 catch. The SGLang release played is FLEET_SIM_SGLANG_VERSION (0.5.11 by default; /server_info
 reports it).
 
-Prefill costs time (:data:`workers.sim.engine.PREFILL_TOKENS_PER_S`) and prompts that share a
+Step and prefill times come from a calibration profile (FLEET_SIM_CALIBRATION,
+:mod:`workers.sim.calibration`: the real job on B200s by default, or real SGLang 0.5.11 on one
+H200 with dummy weights, docs/simulator.md). Prefill costs time and prompts that share a
 prefix with earlier ones hit the radix cache (:mod:`workers.sim.radix`), unless the engine runs
 with ``--disable-radix-cache``.
 
-Not simulated: streaming, n > 1, DP/TP ranks.
+Not simulated: streaming (``stream: true`` is a 400, where SGLang streams: the fleet never
+streams), n > 1 on the OpenAI routes, DP/TP ranks.
 """

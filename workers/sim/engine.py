@@ -8,7 +8,8 @@ KV pool next to what the running requests hold and are budgeted for. The ratio d
 decode step; when a decode step would not fit, requests are retracted (``retract_decode``:
 fewest output tokens first, then longest prompt), go back to the queue, and the ratio is
 re-estimated. A prefill round also stops at ``--max-prefill-tokens`` of new input, like
-``PrefillAdder``. Step times come from the measured workload (see :func:`step_ms`).
+``PrefillAdder``. Step and prefill times come from a measured calibration
+(:mod:`workers.sim.calibration`, FLEET_SIM_CALIBRATION).
 
 Cost per step is O(running): each running request gains the accept length as a float, and no
 work is done per token. With nothing to do, the task sleeps on an event instead of polling.
@@ -25,43 +26,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from workers.engine.capacity import NewTokenRatio, admission_tokens
+from workers.sim.calibration import B200_WORKLOAD, Calibration
 from workers.sim.radix import CacheMode, PrefixCache
 
-# Measured on the real run (0.5.11, Qwen3.6-27B + MTP on B200s): ~2,000 output tok/s per GPU with 16
-# running and ~3,500 tok/s with 40 running, MTP accept length ~3.5. Steps per second are
-# tok/s / (running * 3.5): 35.7/s (28 ms) at 16 and 25/s (40 ms) at 40. The line through both
-# points is step_ms = 20 + 0.5 * running. It is applied to every model and GPU: the sim has no
-# other measurement.
-STEP_BASE_MS = 20.0
-STEP_PER_REQ_MS = 0.5
-# The run's operators credited MTP with "roughly 3x decode speed-up" at accept length 3.5, so a step
-# without speculative decoding costs 3 / 3.5 of the measured MTP step.
-NON_SPEC_STEP_SCALE = 3.0 / 3.5
-# Accept rate per draft token: accept length 3.5 with 4 draft tokens (the run's logs: acceptance
-# ~0.84) -> (3.5 - 1) / (4 - 1). Other draft counts extrapolate linearly (not measured).
-ACCEPT_RATE = 2.5 / 3.0
-# Prefill speed of the sim: new prompt tokens computed per second at real speed. Not measured
-# (the workload's logs give only SGLang's "input throughput", new tokens per wall time between
-# prefill batches); it is the order of a 27B model's prefill on one B200 (inferred). It makes a
-# cache hit save time, so the radix cache is not free to turn off.
-PREFILL_TOKENS_PER_S = 20_000.0
 # When the sim falls behind its schedule by more than this, it stops trying to catch up.
 MAX_LAG_S = 0.05
 # Upper bound of decode steps run in one pass at very high FLEET_SIM_SPEED.
 MAX_STEPS_PER_PASS = 10_000
 
 
-def accept_length(draft_tokens: int) -> float:
+def accept_length(draft_tokens: int, cal: Calibration = B200_WORKLOAD) -> float:
     """Tokens gained per decode step: 1 + rate * (draft - 1), or 1 without speculation."""
     if draft_tokens <= 1:
         return 1.0
-    return 1.0 + ACCEPT_RATE * (draft_tokens - 1)
-
-
-def step_ms(running: int, speculative: bool) -> float:
-    """Modelled duration of one decode step in milliseconds at real speed."""
-    ms = STEP_BASE_MS + STEP_PER_REQ_MS * running
-    return ms if speculative else ms * NON_SPEC_STEP_SCALE
+    return 1.0 + cal.accept_rate * (draft_tokens - 1)
 
 
 @dataclass(eq=False)
@@ -129,6 +107,7 @@ class EngineConfig:
     eos_token_id: int
     cache_mode: CacheMode = CacheMode(enabled=False)
     schedule_conservativeness: float = 1.0
+    calibration: Calibration = B200_WORKLOAD  # step and prefill times (FLEET_SIM_CALIBRATION)
 
 
 @dataclass(frozen=True)
@@ -188,7 +167,7 @@ class SimEngine:
     def __init__(self, config: EngineConfig, observer: Observer) -> None:
         self.config = config
         self.observer = observer
-        self.accept_len = accept_length(config.draft_tokens)
+        self.accept_len = accept_length(config.draft_tokens, config.calibration)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.kv_used = 0  # KV tokens the running requests hold
@@ -314,7 +293,7 @@ class SimEngine:
         The budget (``--max-prefill-tokens``, ``PrefillAdder.rem_input_tokens``) counts the
         tokens to compute: a radix-cache hit costs neither budget nor prefill time.
         """
-        new_reqs = new_tokens = cached = 0
+        new_reqs = new_tokens = cached = squares = 0
         running_before = len(self.running)
         budgeted = self._budgeted()
         while self.waiting and self._fits(self.waiting[0], budgeted):
@@ -330,11 +309,13 @@ class SimEngine:
             self.cache.insert(req.prefix)
             new_reqs += 1
             new_tokens += compute
+            squares += compute * compute
             cached += hit
             self._start(req)
         if new_reqs:
             self.running = [r for r in self.running if r.finish_reason is None]
-            self._prefill_s = new_tokens / PREFILL_TOKENS_PER_S / self.config.speed
+            cal = self.config.calibration
+            self._prefill_s = cal.prefill_s(new_tokens, squares) / self.config.speed
             self.observer.on_step(0, new_tokens, cached)
             snap = self.snapshot()
             self.observer.on_prefill(new_reqs, new_tokens, cached, running_before, snap)
@@ -360,7 +341,9 @@ class SimEngine:
 
     def _step_seconds(self) -> float:
         """Real seconds of one decode step at the current batch size and speed."""
-        ms = step_ms(len(self.running), self.config.draft_tokens > 0)
+        context = self.kv_used / len(self.running) if self.running else 0.0
+        ms = self.config.calibration.step_ms(len(self.running), context,
+                                             self.config.draft_tokens > 0)
         return ms / 1000.0 / self.config.speed
 
     def _steps_now(self) -> int:

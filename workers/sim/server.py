@@ -21,6 +21,7 @@ from workers.engine.capacity import EngineFlags, model_shape, plan_capacity, res
 from workers.engine.versions import traits
 from workers.sim.admin import admin_routes
 from workers.sim.api import generate_handler, native_routes
+from workers.sim.calibration import calibration
 from workers.sim.engine import EngineConfig, SimEngine
 from workers.sim.fastpath import FastPath
 from workers.sim.flags import parse_args
@@ -46,7 +47,9 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
     version = traits(sim.sglang_version)
     spec_v2 = version.spec_v2_default if version else None
     flags = EngineFlags.from_flags(vars(args), os.environ, spec_v2)
-    plan = plan_capacity(shape, flags, sim.gpu_memory_mib)
+    cal = calibration(sim.calibration)
+    gpu_mib = sim.gpu_memory_mib if "gpu_memory_mib" in sim.model_fields_set else cal.gpu_memory_mib
+    plan = plan_capacity(shape, flags, gpu_mib)
     name = args.served_model_name or args.model_path
     metrics = SimMetrics(name) if args.enable_metrics else None
     if metrics is not None:
@@ -79,6 +82,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
             track_interval=args.mamba_track_interval,
         ),
         schedule_conservativeness=args.schedule_conservativeness,
+        calibration=cal,
     )
     return SimState(
         args=args,
@@ -157,7 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         log(f"{type(exc).__name__}: {exc}")
         return 1
-    asyncio.run(run_startup(state, sim.startup_s, log_prefix(args)))
+    startup_s = sim.startup_s
+    if "startup_s" not in sim.model_fields_set:
+        startup_s = state.engine.config.calibration.startup_s
+    asyncio.run(run_startup(state, startup_s, log_prefix(args)))
     config = uvicorn.Config(
         build_app(state),
         host=args.host,
