@@ -13,9 +13,10 @@ from config.launch_profile import load_profile
 from tests.conftest import ROOT, run_producer, run_tune, wait_done, write_prompts
 from workers.heartbeat import read_heartbeats
 from workers.tune import snapshot
-from workers.tune.apply import is_better
+from workers.tune.apply import is_better, run_trial
 from workers.tune.auto import base_name, next_profile
 from workers.tune.diagnose import diagnose
+from workers.tune.fleet import Measurement, Timing
 
 SNAPSHOTS = ROOT / "tests" / "fixtures" / "tune" / "snapshots"
 
@@ -56,6 +57,43 @@ def test_next_profile_leaves_lossy_levers_and_client_limits_to_a_person():
 def test_a_trial_is_kept_only_for_a_real_gain():
     assert is_better(2000.0, 2100.0) and not is_better(2000.0, 2099.0)
     assert not is_better(2000.0, 1500.0)
+
+
+class _Canary:
+    """The two things a trial asks of a fleet, for one engine whose rate depends on its
+    profile: relaunch (recorded) and a measurement window (the engine's counter, full)."""
+
+    def __init__(self, rates: dict[str, float]) -> None:
+        self.rates, self.profile, self.launched = rates, "old", []
+
+    def relaunch(self, node: str, profile) -> None:
+        self.profile = profile.name
+        self.launched.append(profile.name)
+
+    def wait_profile(self, node: str, name: str, timeout_s: float) -> None:
+        assert self.profile == name
+
+    def wait_busy(self, node: str, timeout_s: float, poll_s: float) -> bool:
+        return True
+
+    def measure(self, node: str, window_s: float) -> Measurement:
+        rate = self.rates[self.profile]
+        return Measurement(rate, window_s, "engine sglang:realtime_tokens_total{mode=decode}",
+                           rate, 1.0)
+
+
+def test_a_relaunch_that_measures_worse_is_reported_and_rolled_back():
+    old = load_profile("qwen36-27b-baseline").model_copy(update={"name": "old"})
+    new = old.model_copy(update={"name": "new"})
+    timing = Timing(window_s=1.0, settle_timeout_s=1.0, restart_timeout_s=1.0, poll_s=0.01)
+    worse = _Canary({"old": 432.0, "new": 400.0})
+    trial = run_trial(worse, "gpu0@h200", old, new, timing)
+    assert not trial.kept and worse.launched == ["new", "old"] and worse.profile == "old"
+    assert (trial.before_tok_s, trial.after_tok_s) == (432.0, 400.0)
+    assert "rolled back" in trial.reason and trial.measured["saturated_share"] == 1.0
+    better = _Canary({"old": 432.0, "new": 700.0})
+    kept = run_trial(better, "gpu0@h200", old, new, timing)
+    assert kept.kept and better.launched == ["new"] and "x1.62" in kept.reason
 
 
 def test_auto_lifts_baseline_throughput_175x_and_loses_no_prompt(
