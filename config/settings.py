@@ -123,12 +123,14 @@ class Settings(BaseSettings):
     engine: Literal["sglang", "sim"] = "sim"
     # Name of a TOML launch profile under config/profiles/ (without .toml), or a path.
     profile: str = "qwen36-27b"
-    # GPU index override; otherwise taken from the worker's queue name (gpuN).
-    gpu: int | None = None
-    # CUDA_VISIBLE_DEVICES of the engine; default: the GPU index. A container that reserves
-    # one GPU sees it as device 0 whatever its host index: set FLEET_CUDA_DEVICE=0 there.
+    # The worker's GPU or GPU group when no queue names one (``2``, ``0-1``, ``0+1``; spelled
+    # as queue names, workers/gpu_group.py); a queue that names other GPUs is refused.
+    gpu: str | None = None
+    # CUDA_VISIBLE_DEVICES of the engine; default: the group's GPU indices. A container that
+    # reserves N GPUs sees them as devices 0..N-1 whatever their host indices: set
+    # FLEET_CUDA_DEVICE=0 (or 0,1 for a group of two) there.
     cuda_device: str | None = None
-    # Engine port = engine_base_port + GPU index; bound to engine_host.
+    # Engine port = engine_base_port + the group's first GPU index; bound to engine_host.
     engine_base_port: int = 30000
     engine_host: str = "127.0.0.1"
     # A 54 GB model load takes minutes: this bounds start-up, it is not a hang detector.

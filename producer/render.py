@@ -59,13 +59,15 @@ def _num(value: int | None) -> str:
 
 
 def status_table(st: dict[str, Any]) -> Group:
-    """The status view: a per-GPU table and a totals table."""
+    """The status view: a per-worker table (``gpu``: its GPU or GPU group, ``0-1``) and a
+    totals table."""
     gpus = Table(title="workers", expand=False)
     for col in ("node", "gpu", "state", "tok/s", "running/cap", "queue", "batches", "restarts",
                 "profile"):
         gpus.add_column(col)
     for w in st["workers"]:
-        gpus.add_row(w["node"], str(w["gpu"]), w["engine_state"], f"{w['tokens_per_sec']:,.0f}",
+        gpus.add_row(w["node"], str(w.get("group", w["gpu"])), w["engine_state"],
+                     f"{w['tokens_per_sec']:,.0f}",
                      f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
                      str(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
     tot = Table(title=f"job {st['job']}", show_header=False)

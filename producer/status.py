@@ -1,4 +1,5 @@
-"""Live job status from Redis: progress, rate, ETA and the per-GPU view of the fleet."""
+"""Live job status from Redis: progress, rate, ETA and the per-worker view of the fleet (each
+worker's heartbeat: its GPU or GPU group, ``gpus`` and ``tp_size``, engine state, load)."""
 
 from __future__ import annotations
 

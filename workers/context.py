@@ -1,51 +1,55 @@
-"""Who this worker is: its node name, GPU and engine port (set once in the main process).
+"""Who this worker is: its node name, GPU group and engine port (set once in the main process).
 
 The main process fills this in at ``worker_init`` (before the prefork pool forks), so pool
-children inherit it; a task never has to guess its GPU.
+children inherit it; a task never has to guess its GPUs. Which GPUs a queue name means is
+decided by :mod:`workers.gpu_group` alone.
 """
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from workers.errors import FleetError
-
-_GPU_QUEUE = re.compile(r"gpu(\d+)")  # matched in full: not "gpu0\n"
+from workers.gpu_group import GpuGroup, group_from_queues
 
 
 @dataclass(frozen=True)
 class WorkerIdentity:
-    """One GPU worker."""
+    """One GPU worker: one GPU or a group of them, and one engine."""
 
-    node: str  # Celery node name, e.g. gpu0@host
+    node: str  # Celery node name, e.g. gpu0@host or gpu0-1@host
     host: str
-    gpu: int
+    gpu: int  # the group's first GPU
     port: int
+    gpus: tuple[int, ...] = ()  # every GPU of the group; () means (gpu,)
+    queue: str = ""  # the GPU queue it consumes; "" means gpu<gpu>
+
+    @property
+    def group(self) -> GpuGroup:
+        """The worker's GPU group."""
+        return GpuGroup(self.gpus or (self.gpu,))
+
+    @property
+    def gpu_queue(self) -> str:
+        """The GPU queue this worker consumes (``gpu3``, ``gpu0-1``)."""
+        return self.queue or self.group.name
 
 
 _identity: WorkerIdentity | None = None
 
 
-def gpu_from_queues(queues: Iterable[str], override: int | None) -> int:
-    """GPU index from ``FLEET_GPU`` or the single ``gpuN`` queue the worker consumes."""
-    if override is not None:
-        return override
-    found = sorted({int(m.group(1)) for q in queues if (m := _GPU_QUEUE.fullmatch(q))})
-    if len(found) != 1:
-        raise FleetError(
-            f"cannot tell the GPU from queues {sorted(queues)}: consume exactly one gpuN queue "
-            "(celery -A workers worker -Q gpu0) or set FLEET_GPU"
-        )
-    return found[0]
+def gpu_from_queues(queues: Iterable[str], override: str | int | None) -> int:
+    """The first GPU of the group the queues (or ``FLEET_GPU``) name (workers.gpu_group)."""
+    return group_from_queues(queues, None if override is None else str(override))[0].first
 
 
-def set_identity(node: str, gpu: int, port: int) -> WorkerIdentity:
+def set_identity(node: str, group: GpuGroup, port: int, queue: str = "") -> WorkerIdentity:
     """Record this worker's identity (main process, before the pool starts)."""
     global _identity
-    _identity = WorkerIdentity(node=node, host=socket.gethostname(), gpu=gpu, port=port)
+    _identity = WorkerIdentity(node=node, host=socket.gethostname(), gpu=group.first, port=port,
+                               gpus=group.gpus, queue=queue or group.name)
     return _identity
 
 

@@ -26,9 +26,9 @@ def fleet_relaunch(state: Any, profile: dict[str, Any] | None = None) -> dict[st
         return {"ok": False, "error": "no engine runtime in this worker or no profile given"}
     try:
         new = vet(profile, runtime.known_profiles())
+        runtime.request_relaunch(new)  # refused where it does not fit the GPU group
     except RelaunchRefused as exc:
         log.warning("fleet_relaunch refused: %s", exc)
         return {"ok": False, "error": str(exc)}
     runtime.trust_profile(new)
-    runtime.request_relaunch(new)
     return {"ok": True, "profile": new.name}

@@ -120,7 +120,7 @@ def worker_info(beat: dict[str, Any]) -> dict[str, Any]:
     """``fleet_*`` entries for ``inspect stats`` (Flower's worker page), from the heartbeat."""
     usage = beat.get("kv_usage")
     return {
-        "fleet_gpu": beat["gpu"],
+        "fleet_gpu": beat.get("group", beat["gpu"]),  # "0-1" for a GPU group
         "fleet_engine": beat["engine"],
         "fleet_profile": beat["profile"],
         "fleet_engine_state": beat["engine_state"],

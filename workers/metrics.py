@@ -1,5 +1,10 @@
 """Prometheus metrics of a GPU worker, served by its main process on 127.0.0.1:(base + GPU).
 
+Labels: ``gpu`` is the worker's GPU group as ``status`` and Flower show it (``3``, or ``0-1``
+for a worker that owns GPUs 0 and 1; the exporter's port is base + the group's first GPU) and
+``node`` its Celery node name. ``fleet_worker_gpus`` says how many GPUs the worker owns, so a
+dashboard can divide a group's tokens/s by it.
+
 Decision: **the main process alone exports, and Redis is the channel from the pool children.**
 Batches run in prefork children, which live and die with their batches, so in-process counters
 there would need ``PROMETHEUS_MULTIPROC_DIR`` (chosen before ``prometheus_client`` is first
@@ -109,10 +114,11 @@ def _hash(raw: dict[bytes, bytes]) -> dict[str, float]:
 class FleetCollector(Collector):
     """Builds the worker's metric families at scrape time."""
 
-    def __init__(self, redis_client: redis.Redis, node: str, gpu: int, watch: WatchView,
-                 engine: EngineView) -> None:
+    def __init__(self, redis_client: redis.Redis, node: str, gpu: int | str, watch: WatchView,
+                 engine: EngineView, gpus: int = 1) -> None:
+        """``gpu``: the group's label (``3``, ``0-1``); ``gpus``: how many GPUs it has."""
         self.redis, self.node, self.watch, self.engine = redis_client, node, watch, engine
-        self.labels = [str(gpu), node]
+        self.labels, self.gpus = [str(gpu), node], gpus
 
     def _counters(self) -> Iterator[Metric]:
         pipe = self.redis.pipeline(transaction=False)
@@ -151,6 +157,8 @@ class FleetCollector(Collector):
         for s in EngineState:
             state.add_metric([*self.labels, s.value], float(self.engine.state is s))
         yield state
+        yield _gauge("fleet_worker_gpus", "GPUs this worker's engine runs on (its group).",
+                     self.labels, float(self.gpus))
         yield _gauge("fleet_worker_output_tokens_per_second",
                      "Recent output tokens/s of this worker.", self.labels,
                      self.watch.tokens_per_sec)

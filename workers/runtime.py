@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -23,7 +24,7 @@ from celery.worker import state as worker_state
 
 from config.launch_profile import LaunchProfile, load_profile
 from config.settings import Settings
-from workers import heartbeat
+from workers import gpu_group, heartbeat
 from workers.batch_runner import handback_key
 from workers.context import WorkerIdentity
 from workers.dataset.manifest import launch_digest
@@ -32,7 +33,8 @@ from workers.delivery.gate import ConsumerGate
 from workers.delivery.lease import LeaseKeeper
 from workers.delivery.ownership import worker_prefix
 from workers.delivery.stall import StallWatch
-from workers.engine.lifecycle import Engine, EngineSpec
+from workers.engine.lifecycle import Engine, EngineSpec, ParallelismMismatch
+from workers.engine.relaunch_guard import RelaunchRefused
 from workers.errors import EngineStartFailed
 from workers.gauges import WorkerWatch
 from workers.metrics import Exporter, FleetCollector
@@ -54,10 +56,12 @@ class WorkerRuntime:
                  unacked_key: str = "unacked") -> None:
         self.settings, self.me, self.redis = settings, me, redis_client
         profile = load_profile(settings.profile)
+        self.group = me.group
         self.engine = Engine(EngineSpec(
             kind=settings.engine, profile=profile, gpu=me.gpu, host=settings.engine_host,
-            port=me.port, log_path=settings.log_dir / f"engine-gpu{me.gpu}.log",
+            port=me.port, log_path=settings.log_dir / f"engine-{self.group.name}.log",
             stop_grace_s=settings.engine_stop_grace_s, cuda_device=settings.cuda_device,
+            gpus=self.group.gpus,
         ))
         self.gate = gate or ConsumerGate(None, None)
         self.lease = LeaseKeeper(redis_client, lease_index_key, settings.lease_renew_s,
@@ -76,8 +80,8 @@ class WorkerRuntime:
         # Engine gauges + recent tokens/s for heartbeat, Flower and Prometheus (main process).
         self.watch = WorkerWatch(self.engine.spec.base_url, redis_client, me.node,
                                  settings.heartbeat_interval_s, settings.rate_window_s)
-        self.exporter = Exporter(FleetCollector(redis_client, me.node, me.gpu, self.watch,
-                                                self.engine),
+        self.exporter = Exporter(FleetCollector(redis_client, me.node, self.group.label,
+                                                self.watch, self.engine, self.group.size),
                                  settings.metrics_host, settings.metrics_base_port + me.gpu)
 
     def __repr__(self) -> str:
@@ -107,6 +111,7 @@ class WorkerRuntime:
         self.engine.stop()
         try:
             self.redis.delete(heartbeat.heartbeat_key(self.me.node))
+            gpu_group.release(self.redis, self.me.node, self.group)
         except redis.RedisError:
             pass
 
@@ -129,7 +134,12 @@ class WorkerRuntime:
         self._trusted[profile.name] = profile
 
     def request_relaunch(self, profile: LaunchProfile) -> None:
-        """Ask the monitor to restart the engine with ``profile`` (tuner, remote control)."""
+        """Ask the monitor to restart the engine with ``profile`` (tuner, remote control);
+        RelaunchRefused when its tp-size / dp-size do not fit this worker's GPU group."""
+        try:
+            replace(self.engine.spec, profile=profile)  # EngineSpec checks the fit
+        except ParallelismMismatch as exc:
+            raise RelaunchRefused(str(exc)) from None
         self._relaunch = profile
 
     def _restart(self, reason: str, profile: LaunchProfile | None = None) -> None:
@@ -150,8 +160,8 @@ class WorkerRuntime:
                 log.error("profile %s did not start %d times: rolling back to %s",
                           profile.name, PROFILE_START_ATTEMPTS, known_good.name)
                 profile, attempt = known_good, 1
-            log.warning("restarting engine on GPU %d (%s), attempt %d", self.me.gpu, reason,
-                        attempt)
+            log.warning("restarting engine on %s (%s), attempt %d", self.group.describe(),
+                        reason, attempt)
             try:
                 self.engine.restart(self.settings.engine_start_timeout_s, profile)
                 self._failed_probes = 0
@@ -183,8 +193,8 @@ class WorkerRuntime:
             try:
                 self._check()
             except Exception:  # noqa: BLE001 - the monitor must outlive any one failure
-                log.exception("engine monitor on GPU %d: unexpected error (monitor continues)",
-                              self.me.gpu)
+                log.exception("engine monitor on %s: unexpected error (monitor continues)",
+                              self.group.describe())
 
     def _beat_loop(self) -> None:
         # Its own thread: a restart that reloads a 54 GB model must not look like a dead worker.
@@ -210,6 +220,9 @@ class WorkerRuntime:
         tokens, rate = self._tokens_per_sec()
         return {
             "node": self.me.node, "host": self.me.host, "gpu": self.me.gpu,
+            # The GPU group: its GPUs, label (the gpu label of metrics), queue and tp-size.
+            "gpus": list(self.group.gpus), "group": self.group.label,
+            "queue": self.me.gpu_queue, "tp_size": self.engine.spec.tp_size,
             "port": self.me.port, "engine": self.settings.engine,
             "engine_state": self.engine.state.value,
             "engine_pid": self.engine.pid, "engine_restarts": self.engine.restarts,
@@ -226,3 +239,8 @@ class WorkerRuntime:
     def _publish(self) -> None:
         ttl = 2 * self.settings.heartbeat_interval_s + 1
         heartbeat.publish(self.redis, self.me.node, self.heartbeat_payload(), ttl)
+        try:  # the GPUs stay this worker's while it beats
+            gpu_group.claim(self.redis, self.me.node, self.group, self.me.gpu_queue,
+                            gpu_group.claim_ttl_s(self.settings.heartbeat_interval_s))
+        except gpu_group.GroupError as exc:
+            log.error("%s", exc)

@@ -1,4 +1,5 @@
-"""Celery wiring only: identity at worker_init, the engine bootstep, shutdown hooks.
+"""Celery wiring only: identity (and refusals) at worker_init, the engine bootstep, shutdown
+hooks.
 
 The engine starts in a worker bootstep that runs before the Consumer step (Celery starts the
 consumer last), and ``start`` blocks until the engine is healthy: nothing is consumed before
@@ -10,18 +11,22 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 
 import redis
 from celery import bootsteps, signals
 
+from config.launch_profile import ProfileError, load_profile
 from config.settings import Settings, load_settings
-from workers import context
+from workers import context, gpu_group
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
 from workers.dataset.store import open_store
 from workers.delivery import lease
 from workers.delivery.gate import ConsumerGate
 from workers.delivery.janitor import Janitor
+from workers.engine.lifecycle import ParallelismMismatch, group_profile
 from workers.events import worker_info
+from workers.gpu_group import GpuGroup, GroupError
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -40,9 +45,32 @@ def _sink_only(app: object) -> bool:
     return list(app.amqp.queues.consume_from or {}) == [SINK_QUEUE]  # type: ignore[attr-defined]
 
 
+def refuse(reason: str) -> None:
+    """Stop the worker before Celery starts, with one line on stderr (Celery's logging is
+    not set up yet at worker_init, so a log record would be printed bare, a second time)."""
+    print(f"fleet worker refused: {reason}", file=sys.stderr, flush=True)
+    # SystemExit passes through Celery's signal dispatch (it catches Exception only).
+    raise SystemExit(2)
+
+
+def _claim(settings: Settings, node: str, group: GpuGroup, queue: str) -> None:
+    """Own the group's GPUs on this host; a Redis that is not up yet is not a refusal (the
+    heartbeat claims them once it is)."""
+    client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
+                                  **settings.redis_client_options())
+    try:
+        gpu_group.claim(client, node, group, queue,
+                        gpu_group.claim_ttl_s(settings.heartbeat_interval_s))
+    except redis.RedisError as exc:
+        log.warning("could not claim %s yet (%s): the heartbeat will", group.describe(), exc)
+    finally:
+        client.close()
+
+
 @signals.worker_init.connect
 def _on_worker_init(sender: object, **_: object) -> None:
-    """Work out the GPU from -Q gpuN / FLEET_GPU and also consume the shared queue."""
+    """Work out the GPU group from -Q / FLEET_GPU, check it, claim it, and also consume the
+    shared queue. Every refusal is one line and stops the worker."""
     if _sink_only(sender.app):  # type: ignore[attr-defined]
         log.info("fleet sink worker %s: no GPU, no engine", getattr(sender, "hostname", "?"))
         return
@@ -51,14 +79,21 @@ def _on_worker_init(sender: object, **_: object) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     queues = sender.app.amqp.queues  # type: ignore[attr-defined]
     own = list(queues.consume_from or {})
-    gpu = context.gpu_from_queues(own, settings.gpu)
-    if f"gpu{gpu}" not in own:
-        queues.select_add(f"gpu{gpu}")
+    node = sender.hostname  # type: ignore[attr-defined]
+    try:
+        group, queue = gpu_group.group_from_queues(own, settings.gpu)
+        gpu_group.check_cuda_device(settings.cuda_device, group, queue)
+        group_profile(load_profile(settings.profile), group.size, f"queue {queue}")
+        _claim(settings, node, group, queue)
+    except (GroupError, ParallelismMismatch, ProfileError) as exc:
+        refuse(str(exc))
+    if queue not in own:
+        queues.select_add(queue)
     if SHARED_QUEUE not in own:
         queues.select_add(SHARED_QUEUE)
-    me = context.set_identity(sender.hostname, gpu, settings.engine_port(gpu))  # type: ignore[attr-defined]
-    log.info("fleet worker %s: GPU %d, engine port %d, queues %s", me.node, me.gpu, me.port,
-             list(queues.consume_from))
+    me = context.set_identity(node, group, settings.engine_port(group.first), queue)
+    log.info("fleet worker %s: %s, engine port %d, queues %s", me.node, group.describe(),
+             me.port, list(queues.consume_from))
 
 
 class EngineStep(bootsteps.StartStopStep):
@@ -87,9 +122,9 @@ class EngineStep(bootsteps.StartStopStep):
         _start_janitor(app, settings, client)
 
     def info(self, worker: object) -> dict[str, object]:
-        """GPU, engine state, running/cap, queue, tokens/s for ``inspect stats`` (Flower)."""
+        """GPU group, engine state, running/cap, queue, tokens/s for ``inspect stats``
+        (Flower)."""
         return worker_info(_runtime.heartbeat_payload()) if _runtime is not None else {}
-
 
 
 def _start_janitor(app: object, settings: Settings, client: redis.Redis) -> None:

@@ -1,5 +1,9 @@
 """One in-flight budget per GPU, shared by the batches on it, oldest batch first.
 
+"GPU" here is the worker's engine: one GPU, or a GPU group served by one tensor-parallel
+engine (workers/gpu_group.py). The budget is per worker either way (the node's hash below),
+and its cap is that engine's effective cap (summed over DP ranks, workers/engine/client.py).
+
 Two batches on one GPU that each keep the engine's cap in flight start together, drain
 together and reach their tails together, so the engine empties at the end of every round.
 Here the oldest batch may use the whole budget and each younger batch gets what the older ones

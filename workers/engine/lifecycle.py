@@ -2,8 +2,16 @@
 
 SGLang and the CPU simulator differ only in the module they run; the same code starts, checks
 and stops both. The engine runs under ``workers.engine.guard`` in its own process group, pinned
-to its GPU with ``CUDA_VISIBLE_DEVICES`` (PCI bus order, as NVML numbers GPUs), on
-``127.0.0.1:<base port + GPU>``. Its output goes to ``<log_dir>/engine-gpu<N>.log``.
+to its GPUs with ``CUDA_VISIBLE_DEVICES`` (PCI bus order, as NVML numbers GPUs), on
+``127.0.0.1:<base port + first GPU>``. Its output goes to ``<log_dir>/engine-gpu<N>.log``
+(``engine-gpu0-1.log`` for a group).
+
+An engine on a group of N GPUs is one tensor-parallel server: it is launched with
+``--tp-size N`` unless its profile sets ``tp-size`` or ``dp-size`` itself, and then
+``tp-size x dp-size`` must be N (SGLang places ``tp_size * dp_size`` ranks on consecutive
+visible GPUs, ``base_gpu_id + rank * gpu_id_step``: ``ServerArgs`` and
+``DataParallelController.launch_tensor_parallel_group``). With ``--enable-dp-attention`` the
+DP ranks share the TP ranks' GPUs, so ``tp-size`` alone must be N.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from config.launch_profile import LaunchProfile
+from config.launch_profile import FlagValue, LaunchProfile
 from workers.engine.versions import UnsupportedVersion, require_supported_engine
 from workers.errors import EngineStartFailed
 
@@ -63,6 +71,43 @@ def engine_base_env(environ: Mapping[str, str]) -> dict[str, str]:
             and SECRET_WORDS.isdisjoint(k.split("_"))}
 
 
+# Spellings SGLang's argparse accepts for the parallel sizes (server_args.py add_cli_args).
+TP_FLAGS = ("tp-size", "tensor-parallel-size")
+DP_FLAGS = ("dp-size", "data-parallel-size")
+
+
+class ParallelismMismatch(EngineStartFailed):
+    """A profile's tp-size / dp-size do not cover the engine's GPUs exactly."""
+
+
+def _size(profile: LaunchProfile, names: tuple[str, ...], where: str = "") -> int | None:
+    values: list[FlagValue] = [profile.flags[n] for n in names if n in profile.flags]
+    if not values:
+        return None
+    value = values[0]
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+        raise ParallelismMismatch(f"{where or 'the engine'}: profile {profile.name} sets "
+                                  f"{names[0]} {value!r}, not a positive integer")
+    return int(value)
+
+
+def group_profile(profile: LaunchProfile, gpus: int, where: str = "") -> LaunchProfile:
+    """``profile`` as launched on ``gpus`` GPUs: with ``tp-size = gpus`` when it sets neither
+    size (unchanged on one GPU); raises ParallelismMismatch (one line, naming ``where``) when
+    the sizes it sets do not multiply to ``gpus``."""
+    tp, dp = _size(profile, TP_FLAGS, where), _size(profile, DP_FLAGS, where)
+    if tp is None and dp is None:
+        return profile if gpus == 1 else profile.with_flags(profile.name, tp_size=gpus)
+    tp, dp = tp or 1, dp or 1
+    used = tp if profile.flags.get("enable-dp-attention") is True else tp * dp
+    if used != gpus or tp < 1 or dp < 1:
+        how = (f"tp-size {tp} (dp attention)" if used == tp and dp > 1 else
+               f"tp-size {tp} x dp-size {dp} = {used}")
+        raise ParallelismMismatch(f"{where or 'the engine'} is {gpus} GPU(s) but profile "
+                                  f"{profile.name} asks for {how}")
+    return profile
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """Everything needed to launch one engine."""
@@ -74,28 +119,55 @@ class EngineSpec:
     port: int
     log_path: Path
     stop_grace_s: float = 30.0
-    # CUDA_VISIBLE_DEVICES for the engine when it differs from the GPU index (containers).
+    # CUDA_VISIBLE_DEVICES for the engine when it differs from the GPU indices (containers).
     cuda_device: str | None = None
+    # Every GPU of the engine's group, first one = ``gpu``; () means ``(gpu,)``.
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A profile that does not fit the group is refused here, before anything starts.
+        self.launch_profile()
+
+    @property
+    def group(self) -> tuple[int, ...]:
+        """The GPUs this engine runs on."""
+        return self.gpus or (self.gpu,)
+
+    @property
+    def where(self) -> str:
+        """``GPU 3`` or ``GPUs 0,1`` for log lines and errors."""
+        group = self.group
+        return f"GPU {group[0]}" if len(group) == 1 else f"GPUs {','.join(map(str, group))}"
 
     @property
     def base_url(self) -> str:
         """HTTP root of the engine."""
         return f"http://{self.host}:{self.port}"
 
+    def launch_profile(self) -> LaunchProfile:
+        """The profile as launched on this group (``--tp-size`` added where needed)."""
+        return group_profile(self.profile, len(self.group), f"the engine on {self.where}")
+
+    @property
+    def tp_size(self) -> int:
+        """The engine's tensor-parallel size."""
+        return _size(self.launch_profile(), TP_FLAGS) or 1
+
     def argv(self) -> list[str]:
         """The engine's command line (what runs inside the guard)."""
         module = ENGINE_MODULES[self.kind]
         return [
             sys.executable, "-m", module,
-            *self.profile.to_argv(),
+            *self.launch_profile().to_argv(),
             "--host", self.host, "--port", str(self.port),
         ]
 
     def env(self) -> dict[str, str]:
-        """The engine's environment: ours, the profile's, and the GPU pin."""
+        """The engine's environment: ours, the profile's, and the GPU pin (every GPU of
+        the group)."""
         env = {**engine_base_env(os.environ), **self.profile.env}
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = self.cuda_device or str(self.gpu)
+        env["CUDA_VISIBLE_DEVICES"] = self.cuda_device or ",".join(map(str, self.group))
         env["FLEET_ENGINE_STOP_GRACE_S"] = str(self.stop_grace_s)
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -113,7 +185,8 @@ class Engine:
 
     def __repr__(self) -> str:
         pid = self._proc.pid if self._proc else None
-        return f"<Engine gpu={self.spec.gpu} {self.state.value} pid={pid} restarts={self.restarts}>"
+        gpus = ",".join(map(str, self.spec.group))
+        return f"<Engine gpus={gpus} {self.state.value} pid={pid} restarts={self.restarts}>"
 
     @property
     def pid(self) -> int | None:
@@ -128,7 +201,7 @@ class Engine:
             self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             logf = self.spec.log_path.open("ab")
             guard = [sys.executable, "-m", "workers.engine.guard", str(os.getpid()), "--"]
-            log.info("starting engine on GPU %d: %s", self.spec.gpu, " ".join(self.spec.argv()))
+            log.info("starting engine on %s: %s", self.spec.where, " ".join(self.spec.argv()))
             self._proc = subprocess.Popen(
                 guard + self.spec.argv(),
                 env=self.spec.env(),
@@ -161,7 +234,7 @@ class Engine:
                 code = self._proc.returncode if self._proc else None
                 self.state = EngineState.FAILED
                 raise EngineStartFailed(
-                    f"engine on GPU {self.spec.gpu} exited with code {code} while starting; "
+                    f"engine on {self.spec.where} exited with code {code} while starting; "
                     f"see {self.spec.log_path}"
                 )
             if self.probe(timeout_s=5.0):
@@ -171,12 +244,12 @@ class Engine:
                     self.state = EngineState.FAILED
                     raise
                 self.state = EngineState.HEALTHY
-                log.info("engine on GPU %d healthy at %s", self.spec.gpu, self.spec.base_url)
+                log.info("engine on %s healthy at %s", self.spec.where, self.spec.base_url)
                 return
             time.sleep(0.25)
         self.state = EngineState.FAILED
         raise EngineStartFailed(
-            f"engine on GPU {self.spec.gpu} not healthy after {timeout_s:.0f} s; "
+            f"engine on {self.spec.where} not healthy after {timeout_s:.0f} s; "
             f"see {self.spec.log_path}"
         )
 
@@ -200,10 +273,11 @@ class Engine:
     def restart(self, timeout_s: float, profile: LaunchProfile | None = None) -> None:
         """Stop, optionally switch profile, start again and wait for health."""
         with self._lock:
+            # A profile that does not fit the group raises here, before the engine stops.
+            spec = self.spec if profile is None else replace(self.spec, profile=profile)
             self.state = EngineState.RESTARTING
             self.stop()
-            if profile is not None:
-                self.spec = replace(self.spec, profile=profile)
+            self.spec = spec
             self.restarts += 1
             self.start()
         self.wait_ready(timeout_s)

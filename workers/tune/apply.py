@@ -1,5 +1,8 @@
 """Apply a launch profile one GPU at a time: canary, measure, keep or roll back, roll out.
 
+"One GPU" is one worker: a GPU group (``gpu0-1``, one tensor-parallel engine) restarts as a
+whole, and the rollout reaches the next worker only once that group's engine is healthy.
+
 The fleet never stops as a whole: only the canary restarts during a trial (its in-flight
 prompts go back to its batch and are retried by the worker), and a kept profile reaches the
 other workers one at a time, each healthy again before the next one restarts.
@@ -115,12 +118,31 @@ def roll_out(fleet: Fleet, profile: LaunchProfile, nodes: list[str], timing: Tim
     return done
 
 
+def group_size(beat: dict[str, Any]) -> int:
+    """How many GPUs a worker's engine runs on (1 for a heartbeat without ``gpus``)."""
+    return len(beat.get("gpus") or [beat.get("gpu")])
+
+
+def peers(fleet: Fleet, node: str) -> list[str]:
+    """The other live workers a profile kept on ``node`` may be rolled out to: those whose
+    engines span as many GPUs (a profile measured at tp-size 2 says nothing of one GPU's
+    memory, and the other way round)."""
+    beats = fleet.nodes()
+    size = next((group_size(b) for b in beats if b["node"] == node), 1)
+    skipped = [b["node"] for b in beats if b["node"] != node and group_size(b) != size]
+    if skipped:
+        log.info("not rolled out to %s: engines of another GPU count than %s", skipped, node)
+    return [b["node"] for b in beats if b["node"] != node and group_size(b) == size]
+
+
 def pick_canary(fleet: Fleet, canary: str | None) -> str:
-    """The canary's node name: as given (``gpuN`` or a node name), else the first healthy."""
+    """The canary's node name: as given (a node name, or the queue of its GPU or GPU group:
+    ``gpu3``, ``gpu0-1``), else the first healthy."""
     beats = fleet.nodes()
     if canary is not None:
         for beat in beats:
-            if canary in (beat["node"], f"gpu{beat['gpu']}"):
+            queues = {f"gpu{beat.get('group', beat['gpu'])}", beat.get("queue")}
+            if canary == beat["node"] or canary in queues:
                 return str(beat["node"])
         raise TuneError(f"no live worker matches {canary!r}")
     healthy = [b["node"] for b in beats if b.get("engine_state") == "healthy"]
@@ -138,6 +160,5 @@ def apply_profile(
     trial = run_trial(fleet, node, old, profile, timing)
     report = ApplyReport(trial)
     if trial.kept:
-        others = [b["node"] for b in fleet.nodes() if b["node"] != node]
-        report.rolled_out = roll_out(fleet, profile, others, timing)
+        report.rolled_out = roll_out(fleet, profile, peers(fleet, node), timing)
     return report

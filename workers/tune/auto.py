@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.launch_profile import LaunchProfile
-from workers.tune.apply import Trial, measure_busy, pick_canary, roll_out, run_trial
+from workers.tune.apply import Trial, measure_busy, peers, pick_canary, roll_out, run_trial
 from workers.tune.diagnose import Diagnosis, diagnose
 from workers.tune.flags import apply_changes
 from workers.tune.fleet import Fleet, Timing
@@ -127,6 +127,5 @@ def auto(
             break
         current, report.final_profile, report.final_tok_s = new, new.name, trial.after_tok_s
     if report.final_profile != report.start_profile:
-        others = [b["node"] for b in fleet.nodes() if b["node"] != node]
-        report.rolled_out = roll_out(fleet, current, others, timing)
+        report.rolled_out = roll_out(fleet, current, peers(fleet, node), timing)
     return report

@@ -86,7 +86,8 @@ def _local_beat(settings: Settings, gpu: int) -> dict[str, Any] | None:
     from workers.heartbeat import read_heartbeats
 
     try:
-        beats = [b for b in read_heartbeats(_redis(settings)) if b.get("gpu") == gpu]
+        beats = [b for b in read_heartbeats(_redis(settings))
+                 if gpu in (b.get("gpus") or [b.get("gpu")])]  # a GPU group holds it too
     except redis.RedisError:
         return None
     here = [b for b in beats if b.get("host") == socket.gethostname()]
@@ -96,19 +97,26 @@ def _local_beat(settings: Settings, gpu: int) -> dict[str, Any] | None:
 def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
     """Snapshot GPU ``gpu``'s engine on this host."""
     from config.launch_profile import ProfileError, load_profile
+    from workers.engine.lifecycle import ParallelismMismatch, group_profile
+    from workers.gpu_group import GpuGroup
     from workers.tune import snapshot as snapshots
 
-    target = snapshots.Target(
-        gpu,
-        f"http://{settings.engine_host}:{settings.engine_port(gpu)}",
-        settings.log_dir / f"engine-gpu{gpu}.log",
-    )
     beat = _local_beat(settings, gpu)
+    # The worker's GPU group: its first GPU's port, the group's log, every GPU's NVML.
+    group = GpuGroup(tuple((beat or {}).get("gpus") or [(beat or {}).get("gpu", gpu)]))
+    port = (beat or {}).get("port") or settings.engine_port(group.first)
+    target = snapshots.Target(
+        group.first,
+        f"http://{settings.engine_host}:{port}",
+        settings.log_dir / f"engine-{group.name}.log",
+        gpus=group.gpus,
+    )
     profile = None
     if beat is not None:
-        try:
-            profile = json.loads(load_profile(beat["profile"]).model_dump_json())
-        except (ProfileError, KeyError):
+        try:  # as launched on the group (--tp-size), for per-GPU memory arithmetic
+            launched = group_profile(load_profile(beat["profile"]), group.size)
+            profile = json.loads(launched.model_dump_json())
+        except (ProfileError, KeyError, ParallelismMismatch):
             profile = None
     snap = snapshots.capture(target, beat, profile)
     if settings.engine == "sim":

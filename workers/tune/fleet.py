@@ -24,8 +24,10 @@ from celery import Celery
 from config.launch_profile import LaunchProfile, ProfileError, load_profile
 from config.settings import Settings
 from workers.celery_app import SHARED_QUEUE
+from workers.engine.lifecycle import group_profile
 from workers.engine.metrics import parse_metrics
 from workers.errors import FleetError
+from workers.gpu_group import GpuGroup
 from workers.heartbeat import read_heartbeats
 from workers.tune import snapshot as snapshots
 from workers.tune.snapshot import Snapshot, Target
@@ -257,15 +259,21 @@ class Fleet:
     def client_section(self, node: str) -> dict[str, Any]:
         """The snapshot's ``client`` section: the worker's heartbeat and the queue depth."""
         beat = self.heartbeat(node)
-        queued = self.redis.llen(SHARED_QUEUE) + self.redis.llen(f"gpu{beat['gpu']}")
+        queue = beat.get("queue") or f"gpu{beat['gpu']}"
+        queued = self.redis.llen(SHARED_QUEUE) + self.redis.llen(queue)
         return {**beat, "queued_batches": queued}
 
     def snapshot(self, node: str) -> Snapshot:
         """A snapshot of ``node``'s engine (the tuner runs on the workers' host)."""
         beat = self.heartbeat(node)
         gpu = int(beat["gpu"])
-        target = Target(gpu, self.base_url(node), self.settings.log_dir / f"engine-gpu{gpu}.log")
-        profile = self.profile_of(node)
+        # A GPU group's engine: every GPU read by NVML, its log named after the group, and
+        # the profile as launched there (--tp-size), so the memory arithmetic is per GPU.
+        gpus = tuple(int(g) for g in beat.get("gpus") or [gpu])
+        group = GpuGroup(gpus)
+        log_path = self.settings.log_dir / f"engine-{group.name}.log"
+        target = Target(gpu, self.base_url(node), log_path, gpus=gpus)
+        profile = group_profile(self.profile_of(node), group.size)
         snap = snapshots.capture(
             target, self.client_section(node), json.loads(profile.model_dump_json())
         )

@@ -1,4 +1,4 @@
-"""The GPU section of a snapshot, read from NVML (nvidia-ml-py) for one GPU index.
+"""The GPU section of a snapshot, read from NVML (nvidia-ml-py) for one GPU index or a group.
 
 Reading is two steps: :func:`read_raw` copies what NVML returns (bytes, milliwatts) into a
 plain dict, the same shape as the captures in ``tests/fixtures/tune/``; :func:`to_section`
@@ -13,6 +13,12 @@ when the driver has it. NVML indices follow PCI bus order, so an engine pinned w
 container that reserves one GPU, NVML sees only that one, as index 0, whatever its host index:
 there ``FLEET_CUDA_DEVICE`` (the engine's ``CUDA_VISIBLE_DEVICES``, 0) is the NVML index.
 
+A GPU group (one tensor-parallel engine on GPUs 0 and 1, say) is read GPU by GPU: the section
+is that of the group's GPU with the least free memory, the one that binds (SGLang's
+``get_available_gpu_memory(..., distributed=True)`` takes the minimum over the TP ranks), and
+its ``group`` lists every GPU's section (memory and utilisation of each). A container that
+reserves the group's GPUs sees them as 0..k-1 (``FLEET_CUDA_DEVICE=0,1``).
+
 This module imports only the standard library and pynvml, so it also runs as a script
 (``python workers/tune/gpu.py 0 1``) on machines that have nothing else installed.
 """
@@ -23,7 +29,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 MIB = 1024 * 1024
@@ -99,9 +105,19 @@ def nvml_index(index: int) -> int:
     return int(pinned) if pinned.isdigit() else index
 
 
-def read_raw(index: int) -> RawGpu:
-    """Raw NVML readings for GPU ``index`` plus the driver version; raises GpuUnavailable."""
-    fleet_index, index = index, nvml_index(index)
+def nvml_indices(gpus: Sequence[int]) -> list[int]:
+    """The NVML indices of a GPU group: ``FLEET_CUDA_DEVICE`` when it lists one device per GPU
+    of the group (a container's devices 0..k-1), else the fleet's own indices."""
+    pinned = [p.strip() for p in os.environ.get("FLEET_CUDA_DEVICE", "").split(",") if p.strip()]
+    if len(pinned) == len(gpus) and all(p.isdigit() for p in pinned):
+        return [int(p) for p in pinned]
+    return list(gpus)
+
+
+def read_raw(index: int, nvml: int | None = None) -> RawGpu:
+    """Raw NVML readings for GPU ``index`` (at NVML index ``nvml``, default
+    :func:`nvml_index`) plus the driver version; raises GpuUnavailable."""
+    fleet_index, index = index, nvml_index(index) if nvml is None else nvml
     try:
         import pynvml
     except ImportError as exc:
@@ -179,6 +195,29 @@ def read_section(index: int) -> tuple[GpuSection | None, str | None]:
         return to_section(read_raw(index)), None
     except GpuUnavailable as exc:
         return None, str(exc)
+
+
+def to_group_section(raws: Sequence[RawGpu]) -> GpuSection:
+    """The ``gpu`` section of a group from each GPU's raw readings: the binding GPU's section
+    (least free memory) with ``group`` listing every GPU's; one GPU gives its plain section."""
+    sections = [to_section(raw) for raw in raws]
+    if len(sections) == 1:
+        return sections[0]
+    binding = min(sections, key=lambda s: (s["memory_free_mib"] is None,
+                                           s["memory_free_mib"] or 0))
+    return {**binding, "group": sections}
+
+
+def read_group_section(gpus: Sequence[int]) -> tuple[GpuSection | None, str | None]:
+    """The ``gpu`` section for a GPU group (every GPU read), or (None, reason) where NVML
+    cannot read one of them."""
+    if len(gpus) == 1:
+        return read_section(gpus[0])
+    try:
+        raws = [read_raw(g, n) for g, n in zip(gpus, nvml_indices(gpus), strict=True)]
+    except GpuUnavailable as exc:
+        return None, str(exc)
+    return to_group_section(raws), None
 
 
 def main(argv: list[str]) -> int:
