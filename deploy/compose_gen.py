@@ -1,7 +1,9 @@
 """Write docker-compose.yml for a node with N GPUs (the committed file is the output for 7).
 
 ``python -m deploy.compose_gen --gpus 8`` (or ``make compose GPUS=8``) rewrites the file;
-``--check`` exits 1 when the file on disk differs from what would be written.
+``--check`` exits 1 when the file on disk differs from what would be written. Engines wider
+than one GPU: ``--gpus 8 --gpus-per-engine 2`` writes four workers ``gpu0-1`` ... ``gpu6-7``,
+``--groups 0-3,4,5,6-7`` any layout (queue names as workers/gpu_group.py reads them).
 
 Layout (docs/runbook.md explains each service):
 - profile ``head``: ``redis`` (AOF, noeviction, password), ``createbucket`` (one-shot),
@@ -11,7 +13,10 @@ Layout (docs/runbook.md explains each service):
 - no profile: ``gpu0`` ... ``gpuN-1``. Service ``gpuN`` consumes queue ``gpuN`` (and the shared
   ``gpu``) as node ``gpuN@$NODE_NAME`` and reserves host GPU N only. Inside its container that
   GPU is CUDA device 0, so ``FLEET_CUDA_DEVICE=0`` pins the engine to it; the engine listens on
-  127.0.0.1:3000N inside the container. Starts are staggered by N x ``--stagger-s``.
+  127.0.0.1:3000N inside the container. Starts are staggered by N x ``--stagger-s``. A group
+  service (``gpu0-1``) reserves each of its host GPUs, sees them as devices 0..k-1
+  (``FLEET_CUDA_DEVICE=0,1``), runs one engine with ``--tp-size k`` on them and takes its
+  ports from its first GPU; the i-th service starts after i x ``--stagger-s``.
 - secrets and per-node values come from ``.env`` (see ``.env.example``), never from this file.
 
 :func:`build` returns the resolved model (what Compose sees); :func:`render` writes the same
@@ -27,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from workers.gpu_group import GpuGroup, GroupError, is_gpu_queue, parse_group
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GPUS = 7
@@ -187,24 +194,32 @@ def gpu_base() -> Service:
     }
 
 
-def gpu_worker(gpu: int, stagger_s: float) -> Service:
-    """Worker ``gpuN``: owns host GPU N (CUDA device 0 in the container) and its engine."""
-    celery = ["celery", "-A", "workers", "worker", "-Q", f"gpu{gpu}", "-n", f"gpu{gpu}@%h",
+def gpu_worker(gpu: int | GpuGroup, stagger_s: float, order: int | None = None) -> Service:
+    """Worker ``gpuN`` (or ``gpuA-B``): owns its host GPUs (CUDA devices 0..k-1 in the
+    container) and one engine on them; starts after ``order`` x ``stagger_s`` (default: N)."""
+    group = gpu if isinstance(gpu, GpuGroup) else GpuGroup((gpu,))
+    order = group.first if order is None else order
+    celery = ["celery", "-A", "workers", "worker", "-Q", group.name, "-n", f"{group.name}@%h",
               "-l", "INFO"]
-    port = METRICS_BASE_PORT + gpu
+    port = METRICS_BASE_PORT + group.first
+    own_env: Service = {}
+    if group.size > 1:  # the container numbers its GPUs 0..k-1
+        own_env["environment"] = {**gpu_base()["environment"],
+                                  "FLEET_CUDA_DEVICE": ",".join(map(str, range(group.size)))}
     return {
-        **gpu_base(),
-        "command": ["python", "-m", "deploy.supervise", "--delay", f"{gpu * stagger_s:g}", "--",
-                    *celery],
+        **gpu_base(), **own_env,
+        "command": ["python", "-m", "deploy.supervise", "--delay", f"{order * stagger_s:g}",
+                    "--", *celery],
         # Its exporter only (never the engine): 127.0.0.1 unless METRICS_BIND names the node's
         # private address, for a Prometheus on another node (docs/security.md).
         "ports": [f"${{METRICS_BIND:-127.0.0.1}}:{port}:{port}"],
         "deploy": {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "device_ids": [str(gpu)], "capabilities": ["gpu"]}]}}},
+            {"driver": "nvidia", "device_ids": [str(g) for g in group.gpus],
+             "capabilities": ["gpu"]}]}}},
         # A model load takes minutes: failures count only after the start period (the
         # engine start timeout); the check passes as soon as the engine is healthy.
         "healthcheck": healthcheck(
-            ["CMD", "python", "-m", "deploy.healthcheck", "heartbeat", f"gpu{gpu}@%h"],
+            ["CMD", "python", "-m", "deploy.healthcheck", "heartbeat", f"{group.name}@%h"],
             start_period="30m"),
     }
 
@@ -352,15 +367,45 @@ def model_download() -> Service:
     }
 
 
-def build(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> Service:
-    """The resolved compose model for ``gpus`` GPU workers."""
-    if gpus < 1:
+def engine_groups(gpus: int, per_engine: int = 1, groups: str | None = None) -> list[GpuGroup]:
+    """The GPU groups of a node: ``groups`` (``0-1,2,3+4``) as given, else ``gpus`` GPUs cut
+    into engines of ``per_engine``. Raises ValueError for overlaps, gaps past the node's GPUs
+    or a count that does not divide."""
+    if groups is not None:
+        try:
+            found = [parse_group(part.strip()) for part in groups.split(",")]
+        except GroupError as exc:
+            raise ValueError(str(exc)) from None
+        used = [g for group in found for g in group.gpus]
+        if len(used) != len(set(used)):
+            raise ValueError(f"groups {groups} use a GPU twice")
+        return found
+    if gpus < 1 or per_engine < 1:
         raise ValueError("need at least one GPU")
+    if gpus % per_engine:
+        raise ValueError(f"{gpus} GPUs do not split into engines of {per_engine}")
+    return [GpuGroup(tuple(range(i, i + per_engine))) for i in range(0, gpus, per_engine)]
+
+
+def scrape_targets(groups: list[GpuGroup]) -> list[str]:
+    """Prometheus targets of the workers (config/prometheus.yml lists those of 7 single GPUs)."""
+    return [f"{g.service_name}:{METRICS_BASE_PORT + g.first}" for g in groups]
+
+
+def build(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S,
+          groups: list[GpuGroup] | None = None) -> Service:
+    """The resolved compose model for ``gpus`` GPU workers, or one worker per group."""
+    if groups is None:
+        groups = engine_groups(gpus)
+    if not groups:
+        raise ValueError("need at least one GPU")
+    singles = all(g.size == 1 for g in groups)
     services: Service = {
         "preflight": preflight(), "redis": redis(), "minio": minio(),
         "createbucket": createbucket(),
         "flower": flower(), "sink": sink(),
-        **{f"gpu{g}": gpu_worker(g, stagger_s) for g in range(gpus)},
+        **{g.service_name: gpu_worker(g, stagger_s, None if singles else i)
+           for i, g in enumerate(groups)},
         "prometheus": prometheus(), "grafana": grafana(), "model-download": model_download(),
     }
     for service in services.values():
@@ -454,16 +499,31 @@ HEADER = """\
 # Every FLEET_* setting reaches every fleet container from .env (${{FLEET_X:-}}: empty is unset);
 # a variable without a value is passed through from .env when set there.
 """
+GROUP_HEADER = """\
+# GPU groups: {layout}.
+# Service gpuA-B reserves host GPUs A..B (CUDA devices 0..k-1 inside its container, hence
+# FLEET_CUDA_DEVICE=0,1,...) and runs one engine with --tp-size k on them; its engine and
+# exporter ports are those of GPU A. Targets for config/prometheus.yml:
+#   {targets}
+"""
 
 
-def render(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> str:
+def render(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S,
+           groups: list[GpuGroup] | None = None) -> str:
     """The text of docker-compose.yml (the model of :func:`build`, with anchors)."""
-    model = build(gpus, stagger_s)
+    model = build(gpus, stagger_s, groups)
+    if groups is not None and any(g.size > 1 for g in groups):
+        layout = ", ".join(g.name for g in groups)
+        gpus = sum(g.size for g in groups)
+        header = HEADER.format(gpus=gpus, stagger=stagger_s) + GROUP_HEADER.format(
+            layout=layout, targets=", ".join(scrape_targets(groups)))
+    else:
+        header = HEADER.format(gpus=gpus, stagger=stagger_s)
     fleet, gpu = fleet_base(), gpu_base()
     fleet_rest = {k: v for k, v in fleet.items() if k != "environment"}
     gpu_rest = {k: v for k, v in gpu.items() if k != "environment" and fleet.get(k) != v}
     parts = [
-        HEADER.format(gpus=gpus, stagger=stagger_s),
+        header,
         "name: gpu-fleet\n\n",
         *(f"x-{name}: &{name}\n" + _dump(part, 2) + "\n" for name, part in env_parts().items()),
         "x-fleet: &fleet\n", _dump(fleet_rest, 2), _env_block(fleet_env(), None, 2), "\n",
@@ -472,7 +532,7 @@ def render(gpus: int = DEFAULT_GPUS, stagger_s: float = DEFAULT_STAGGER_S) -> st
         "services:\n",
     ]
     for name, service in model["services"].items():
-        if name.startswith("gpu") and name[3:].isdigit():
+        if is_gpu_queue(name):
             base, anchor = gpu, "gpu-worker"
         elif service.get("image") == FLEET_IMAGE:
             base, anchor = fleet, "fleet"
@@ -488,12 +548,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.compose_gen",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--gpus", type=int, default=DEFAULT_GPUS)
+    p.add_argument("--gpus-per-engine", type=int, default=1,
+                   help="GPUs of one tensor-parallel engine (one worker per group)")
+    p.add_argument("--groups", default=None,
+                   help="explicit GPU groups, e.g. 0-1,2-3,4,5 (overrides --gpus)")
     p.add_argument("--stagger-s", type=float, default=DEFAULT_STAGGER_S,
                    help="seconds between two GPU workers' starts")
     p.add_argument("--out", type=Path, default=ROOT / "docker-compose.yml")
     p.add_argument("--check", action="store_true", help="exit 1 if --out is not up to date")
     ns = p.parse_args(argv)
-    text = render(ns.gpus, ns.stagger_s)
+    try:
+        groups = engine_groups(ns.gpus, ns.gpus_per_engine, ns.groups)
+    except ValueError as exc:
+        p.error(str(exc))
+    text = render(ns.gpus, ns.stagger_s, groups)
     if ns.check:
         current = ns.out.read_text() if ns.out.exists() else ""
         if current != text:
@@ -501,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     ns.out.write_text(text)
-    print(f"wrote {ns.out} ({ns.gpus} GPU workers)")
+    print(f"wrote {ns.out} ({len(groups)} GPU workers: {', '.join(g.name for g in groups)})")
     return 0
 
 

@@ -201,6 +201,81 @@ def test_engine_pinning_agrees_with_the_compose_file(compose):
     assert spec.base_url == "http://127.0.0.1:30003"
 
 
+def test_compose_for_eight_gpus_as_four_groups_of_two():
+    """8 x H100 as 4 engines of 2 GPUs (docs/runbook.md): each service reserves its two host
+    GPUs, sees them as devices 0,1, runs one engine with --tp-size 2 and is numbered (queue,
+    node, ports) by its first GPU; the i-th starts after i x the stagger."""
+    from config.launch_profile import load_profile
+    from config.settings import Settings
+    from workers.engine.lifecycle import EngineSpec
+    from workers.gpu_group import group_from_queues
+
+    groups = compose_gen.engine_groups(8, 2)
+    text = compose_gen.render(8, 30, groups)
+    model = load_compose(text)
+    assert model == compose_gen.build(8, 30, groups)
+    jsonschema.validate(model, json.loads(SCHEMA.read_text()), cls=jsonschema.Draft7Validator)
+    names = [n for n in model["services"] if n.startswith("gpu")]
+    assert names == ["gpu0-1", "gpu2-3", "gpu4-5", "gpu6-7"]
+    base_port = Settings.model_fields["metrics_base_port"].default
+    for i, name in enumerate(names):
+        svc, first = model["services"][name], 2 * i
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "device_ids": [str(first), str(first + 1)],
+                            "capabilities": ["gpu"]}]
+        cmd = svc["command"]
+        queue = cmd[cmd.index("-Q") + 1]
+        assert queue == name and cmd[cmd.index("-n") + 1] == f"{name}@%h"
+        assert delay_of(" ".join(cmd)) == 30 * i
+        assert svc["ports"] == [f"${{METRICS_BIND:-127.0.0.1}}:{base_port + first}:"
+                                f"{base_port + first}"]
+        assert svc["healthcheck"]["test"][-1] == f"{name}@%h"
+        env = env_of(svc)
+        assert env["FLEET_CUDA_DEVICE"] == "0,1" and "FLEET_GPU" not in env
+        group, _ = group_from_queues([queue], None)
+        settings = Settings(cuda_device=env["FLEET_CUDA_DEVICE"])
+        spec = EngineSpec(kind="sglang", profile=load_profile("qwen36-27b"), gpu=group.first,
+                          gpus=group.gpus, host=settings.engine_host,
+                          port=settings.engine_port(group.first), log_path=Path("e.log"),
+                          cuda_device=settings.cuda_device)
+        assert spec.env()["CUDA_VISIBLE_DEVICES"] == "0,1"
+        argv = spec.argv()
+        assert argv[argv.index("--tp-size") + 1] == "2"
+        assert spec.base_url == f"http://127.0.0.1:{30000 + first}"
+    assert "gpu0-1:9360, gpu2-3:9362, gpu4-5:9364, gpu6-7:9366" in text
+
+
+def test_compose_and_procfile_generators_take_a_group_list(tmp_path):
+    assert compose_gen.main(["--groups", "0-3,4,5+7", "--out", str(tmp_path / "c.yml")]) == 0
+    model = load_compose((tmp_path / "c.yml").read_text())
+    gpus = {n: s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+            for n, s in model["services"].items() if "deploy" in s}
+    # '+' is no service name in Compose (nor a process name in honcho): gpu5_7, queue gpu5+7.
+    assert gpus == {"gpu0-3": ["0", "1", "2", "3"], "gpu4": ["4"], "gpu5_7": ["5", "7"]}
+    cmd = model["services"]["gpu5_7"]["command"]
+    assert cmd[cmd.index("-Q") + 1] == "gpu5+7"
+    assert env_of(model["services"]["gpu4"])["FLEET_CUDA_DEVICE"] == "0"
+    assert compose_gen.main(["--groups", "0-3,4,5+7", "--out", str(tmp_path / "c.yml"),
+                             "--check"]) == 0
+    for bad in (["--groups", "0-1,1-2"], ["--groups", "0-x"], ["--gpus", "7",
+                                                                "--gpus-per-engine", "2"]):
+        with pytest.raises(SystemExit):
+            compose_gen.main([*bad, "--out", str(tmp_path / "x.yml")])
+    procfile = tmp_path / "Procfile"
+    assert procfile_gen.main(["--gpus", "8", "--gpus-per-engine", "2", "--out",
+                              str(procfile)]) == 0
+    procs = parse_procfile(procfile.read_text())
+    workers = [n for n in procs if n.startswith("gpu")]
+    assert workers == ["gpu0-1", "gpu2-3", "gpu4-5", "gpu6-7"]
+    assert [delay_of(procs[n]) for n in workers] == [0, 30, 60, 90]
+    assert all(f"-Q {n} -n {n}@%h" in procs[n] for n in workers)
+    listed = parse_procfile(procfile_gen.render(groups=compose_gen.engine_groups(0, 1, "0+2")))
+    assert "-Q gpu0+2 -n gpu0+2@%h" in listed["gpu0_2"]
+    check = subprocess.run([f"{PY}/honcho", "-f", str(procfile), "check"],
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+
+
 def test_fleet_variables_in_compose_are_known_settings(compose):
     from config.settings import S3Settings, Settings, SimSettings
 
