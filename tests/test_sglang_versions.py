@@ -54,7 +54,7 @@ def test_an_unsupported_release_is_named_and_its_unknown_lines_listed(tmp_path: 
     unread = diagnose(snapshot.load(snap_dir)).to_json()["unread_evidence"]
     assert any("version 0.5.23" in u for u in unread)
     assert any("dtype: torch.bfloat16" in u for u in unread)
-    assert any(u.startswith("KV bytes per token from the model catalogue") for u in unread)
+    assert any(u.startswith("KV bytes per token from the model's config") for u in unread)
     # `tune plan` calibrated from that snapshot says the same, in JSON and in its table.
     argv = [sys.executable, "-m", "workers.tune", "plan", "--profile", "qwen36-27b", "--gpus",
             "1", "--prompts", "1000", "--avg-output-tokens", "2000", "--snapshot", str(snap_dir)]

@@ -1,21 +1,23 @@
 """A memory model of one engine: SGLang's pool arithmetic, calibrated from what the engine logged.
 
-The arithmetic is :mod:`workers.engine.capacity` (a mirror of SGLang's own code). Its model
-catalogue
-holds per-slot and per-token costs for known models; :func:`calibrate` replaces them with what a
-live engine reports, so a prediction for a candidate flag set starts from measured costs:
+The arithmetic is :mod:`workers.engine.capacity` (a mirror of SGLang's own code); the per-slot
+and per-token costs start from the model's own config.json (:mod:`workers.engine.model_config`)
+and :func:`calibrate` replaces them with what a live engine reports, so a prediction for a
+candidate flag set starts from measured costs:
 
 - Mamba state per slot: the ``Mamba Cache is allocated`` line; the pool holds ``slots + 1``
   states and the speculative intermediate buffers ``(cap + 1) * draft_tokens`` more, so
   ``per_slot = (ssm + intermediate_ssm) / (slots + 1 + (cap + 1) * draft)`` (conv alike).
 - KV bytes per token: ``KV Cache is allocated. #tokens: N, K size, V size``.
-- Weights: ``Load weight end … mem usage=`` (the second such line is the draft model), else
-  ``/server_info`` ``internal_states[0].memory_usage.weight``.
+- Free memory before the weights (SGLang's ``pre``): ``Load weight begin. avail mem=``; the
+  weights: that less ``Load weight end … avail mem=`` (both printed to 0.01, so this is one
+  rounding closer than ``mem usage=``), else ``mem usage=``, else ``/server_info``
+  ``internal_states[0].memory_usage.weight``; the second such line is the draft model.
 - ``mem_fraction_static``: the resolved value in ``/server_info``; it is the default for
   candidates that do not set the flag, because the engine will resolve it the same way.
-- Whatever is left unexplained (the CUDA context, free memory measured before the weights
-  rather than the whole GPU) is booked as ``unexplained`` memory, chosen so that the model
-  reproduces the engine's own ``max_total_num_tokens`` for its current flags.
+- Whatever is left unexplained is booked as ``unexplained`` memory, chosen so that the model
+  reproduces the engine's own ``max_total_num_tokens`` for its current flags. On the real
+  engine (SGLang 0.5.11, H200) it is under 25 MiB: the log's rounding.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.engine import capacity
-from workers.engine.capacity import GIB, CapacityPlan, EngineFlags, ModelShape
+from workers.engine.capacity import GIB, CapacityPlan, EngineFlags, ModelConfigError, ModelShape
 from workers.engine.log import LogFacts
 from workers.engine.versions import engine_version, supported_list, traits
 from workers.tune.readings import Reading
@@ -34,6 +36,11 @@ from workers.tune.readings import Reading
 
 class DoesNotFit(ValueError):
     """SGLang would refuse this flag set (not enough memory, or an invalid combination)."""
+
+
+class CannotPlan(DoesNotFit):
+    """The model's config.json cannot be read: nothing can be predicted (one line, the file
+    and the key)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,10 @@ class MemoryModel:
     spec_v2_default: bool | None = None
     # Evidence the calibration could not read, and what it used instead (never silent).
     unread: list[str] = field(default_factory=list)
+    # SGLang's ``pre`` as the engine logged it (None: the GPU's total less the CUDA context).
+    free_before_weights_gib: float | None = None
+    # Why nothing can be predicted (the model's config.json unreadable); predict() raises it.
+    cannot_plan: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -92,9 +103,13 @@ class MemoryModel:
 
     def predict(self, flags: Mapping[str, Any]) -> Prediction:
         """Predict pools and cap for ``flags``; raises DoesNotFit where SGLang would refuse."""
+        if self.cannot_plan is not None:
+            raise CannotPlan(self.cannot_plan)
         engine_flags = self.engine_flags(flags)
         try:
-            plan = capacity.plan_capacity(self.shape, engine_flags, self.gpu_memory_mib)
+            plan = capacity.plan_capacity(
+                self.shape, engine_flags, self.gpu_memory_mib, self.free_before_weights_gib
+            )
         except (RuntimeError, ValueError) as exc:
             raise DoesNotFit(str(exc)) from exc
         mamba = (
@@ -105,12 +120,28 @@ class MemoryModel:
         return Prediction(dict(flags), plan, mamba)
 
 
-def catalog_model(
+def config_model(
     flags: Mapping[str, Any], gpu_memory_mib: int, env: Mapping[str, str] | None = None
 ) -> MemoryModel:
-    """A model from the catalogue alone (no engine to calibrate from)."""
-    shape = capacity.model_shape(str(flags.get("model-path", "")))
+    """A model from the config.json of the profile's ``model-path`` alone (no engine to
+    calibrate from); :class:`CannotPlan` when that config cannot be read."""
+    try:
+        shape = capacity.model_shape(str(flags.get("model-path", "")))
+    except ModelConfigError as exc:
+        raise CannotPlan(f"cannot plan: {exc}") from exc
     return MemoryModel(shape, gpu_memory_mib, env=dict(env or {}))
+
+
+catalog_model = config_model  # the name callers used before the config reader existed
+
+
+# The log prints GiB to two decimals: a size read from n printed figures is off by up to n x this.
+LOG_ROUNDING_GIB = 0.005
+
+
+def _or_config(measured: float, config: float, tolerance: float) -> float:
+    """The config's exact figure when the log's agrees with it to the log's rounding."""
+    return config if config and abs(measured - config) <= tolerance else measured
 
 
 def _per_slot(log: LogFacts, cap: int | None, draft: int) -> tuple[float, float] | None:
@@ -137,6 +168,11 @@ def _calibrate_mamba(
     if found is None:
         return shape
     ssm, conv = (x * flags.tp_size for x in found)
+    states = log.mamba.slots + 1 if log.mamba else 1
+    tolerance = 2 * LOG_ROUNDING_GIB * GIB / states * flags.tp_size
+    config_ssm = capacity.ssm_bytes_per_slot(shape, flags) * flags.tp_size
+    ssm = _or_config(ssm, config_ssm, tolerance)
+    conv = _or_config(conv, shape.mamba_conv_bytes_per_slot, tolerance)
     measured.append(Reading("mamba_ssm_bytes_per_slot", round(ssm), "log Mamba Cache is allocated"))
     measured.append(
         Reading("mamba_conv_bytes_per_slot", round(conv), "log Mamba Cache is allocated")
@@ -156,7 +192,9 @@ def _calibrate_kv(
     if not log.kv_tokens or not log.kv_gib:
         return shape
     cell = log.kv_gib * GIB / log.kv_tokens * flags.tp_size
-    cell /= capacity.KV_DTYPE_SCALE.get(flags.kv_cache_dtype, 1.0)
+    cell /= capacity.kv_dtype_scale(shape, flags)
+    tolerance = 2 * LOG_ROUNDING_GIB * GIB / log.kv_tokens * flags.tp_size
+    cell = _or_config(cell, shape.kv_bytes_per_token, tolerance)
     measured.append(Reading("kv_bytes_per_token", round(cell), "log KV Cache is allocated"))
     return dataclasses.replace(shape, kv_bytes_per_token=round(cell))
 
@@ -170,7 +208,12 @@ def _weights_from_info(info: Mapping[str, Any]) -> float | None:
 def _calibrate_weights(
     shape: ModelShape, log: LogFacts, info: Mapping[str, Any], measured: list[Reading]
 ) -> ModelShape:
-    if log.weights_gib is not None:
+    begin, end = log.weights_begin_avail_gib, log.weights_end_avail_gib
+    if begin is not None and end is not None:
+        weight = round(begin - end, 2)
+        measured.append(Reading("weights_gib", weight, "log Load weight begin - end avail mem"))
+        shape = dataclasses.replace(shape, weights_gib=weight)
+    elif log.weights_gib is not None:
         measured.append(Reading("weights_gib", log.weights_gib, "log Load weight end mem usage"))
         shape = dataclasses.replace(shape, weights_gib=log.weights_gib)
     elif (weight := _weights_from_info(info)) is not None:
@@ -214,7 +257,16 @@ def calibrate(
 ) -> MemoryModel:
     """A memory model whose costs are measured from a live engine's log and /server_info."""
     info = server_info or {}
-    model = catalog_model(flags, gpu_memory_mib, env)
+    try:
+        model = config_model(flags, gpu_memory_mib, env)
+    except CannotPlan as exc:
+        # The engine's own readings still stand; only predictions are refused.
+        shape = ModelShape(name=str(flags.get("model-path", "")), weights_gib=0.0,
+                           draft_weights_gib=0.0, kv_bytes_per_token=0, mamba_bytes_per_slot=0,
+                           hybrid=log.mamba is not None, context_length=0)
+        model = MemoryModel(shape, gpu_memory_mib, env=dict(env or {}), cannot_plan=str(exc))
+        model.unread = [str(exc)]
+        return model
     version = engine_version(info)
     found = traits(version)
     model.spec_v2_default = found.spec_v2_default if found else None
@@ -224,10 +276,13 @@ def calibrate(
     shape = _calibrate_kv(shape, log, engine_flags, measured)
     shape = _calibrate_weights(shape, log, info, measured)
     if log.scheduler is not None or log.kv_tokens:
-        # This engine's own pools are observed: its unexplained memory is measured below
-        # (unattributed_gib), not the catalogue's figure from another run.
+        # This engine's own pools are observed: its unexplained memory is measured below.
         shape = dataclasses.replace(shape, unexplained_gib=0.0)
     model.shape, model.measured = shape, measured
+    if log.weights_begin_avail_gib is not None:
+        model.free_before_weights_gib = log.weights_begin_avail_gib
+        measured.append(Reading("free_before_weights_gib", log.weights_begin_avail_gib,
+                                "log Load weight begin avail mem"))
     fraction = info.get("mem_fraction_static")
     if fraction is not None:
         model.mem_fraction_static = float(fraction)
@@ -249,14 +304,18 @@ def _unread(version: str | None, log: LogFacts, model: MemoryModel) -> list[str]
     out += [f"log line in a format this tuner does not know: {line!r}" for line in log.unread]
     names = {m.name for m in model.measured}
     if "kv_bytes_per_token" not in names:
-        out.append("KV bytes per token from the model catalogue: no readable "
-                   "'KV Cache is allocated' line in the log")
+        out.append(f"KV bytes per token from the model's config ({model.shape.source}): no "
+                   "readable 'KV Cache is allocated' line in the log")
     if model.shape.hybrid and "mamba_ssm_bytes_per_slot" not in names:
-        out.append("Mamba state per slot from the model catalogue: no readable "
-                   "'Mamba Cache is allocated' line in the log")
+        out.append(f"Mamba state per slot from the model's config ({model.shape.source}): no "
+                   "readable 'Mamba Cache is allocated' line in the log")
     if "weights_gib" not in names:
-        out.append("weights from the model catalogue: no 'Load weight end' line and no "
-                   "server_info memory_usage")
+        out.append(f"weights from the model's config ({model.shape.weights_source}): no "
+                   "'Load weight end' line and no server_info memory_usage")
+    if "free_before_weights_gib" not in names:
+        out.append("free memory before the weights: the GPU's total less "
+                   f"{capacity.STARTUP_USED_GIB:.2f} GiB (CUDA context measured on an H200): no "
+                   "'Load weight begin' line in the log")
     if log.scheduler is None and not log.kv_tokens:
         out.append("no observed max_total_num_tokens: the memory model is not fitted to "
                    "this engine")

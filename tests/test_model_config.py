@@ -1,0 +1,191 @@
+"""workers.engine.model_config: a model's shape from its own config.json, found without the network.
+
+The configs under tests/fixtures/models/ are the published ones (Llama-3.1-8B, Qwen3-32B,
+Qwen3-30B-A3B, Qwen3-Next-80B-A3B) and the 27B-shaped Qwen3.6 stand-in the H200 runs used. The
+parameter counts below are the models' published totals, counted from SGLang's model classes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workers.engine import model_config as mc
+from workers.engine.model_config import ModelConfigError, find_config, model_shape
+from workers.engine.weights import LOAD_RUNTIME_BYTES
+
+MODELS = Path(__file__).parent / "fixtures" / "models"
+GIB = 1024**3
+MIB = 1024**2
+
+
+def _params(shape: mc.ModelShape, rope_bytes: int) -> float:
+    """bf16 parameters of the counted weights (the rope cache is float32 bytes; the CUDA
+    runtime's share of the load, LOAD_RUNTIME_BYTES, is not a parameter)."""
+    return (shape.weights_gib * GIB - rope_bytes - LOAD_RUNTIME_BYTES) / 2
+
+
+def test_llama_3_1_8b_dense_gqa() -> None:
+    s = model_shape(str(MODELS / "llama-3.1-8b"))
+    assert (s.architecture, s.hybrid, s.multimodal, s.experts) == ("LlamaForCausalLM", False,
+                                                                    False, 0)
+    assert s.kv_bytes_per_token == 32 * 8 * (128 + 128) * 2  # 128 KiB
+    assert (s.kv_heads, s.full_attention_layers) == (8, 32)
+    assert s.context_length == 131072  # llama3 rope: no factor (get_context_length)
+    assert _params(s, 131072 * 128 * 4) == 8_030_261_248
+    assert s.eos_token_id == 128001 and not s.tied_embeddings
+    assert s.weights_source == "config" and s.draft_kv_bytes_per_token == 0
+
+
+def test_qwen3_32b_dense() -> None:
+    s = model_shape(str(MODELS / "qwen3-32b"))
+    assert s.kv_bytes_per_token == 64 * 8 * 256 * 2  # 256 KiB
+    assert s.context_length == 40960
+    assert _params(s, 40960 * 128 * 4) == 32_762_123_264
+    assert not s.piecewise_cuda_graph_disabled
+
+
+def test_qwen3_30b_a3b_moe() -> None:
+    s = model_shape(str(MODELS / "qwen3-30b-a3b"))
+    assert (s.architecture, s.experts, s.hybrid) == ("Qwen3MoeForCausalLM", 128, False)
+    assert s.kv_bytes_per_token == 48 * 4 * 256 * 2
+    assert _params(s, 40960 * 128 * 4) == 30_532_122_624
+
+
+def test_qwen3_next_80b_a3b_hybrid_moe() -> None:
+    s = model_shape(str(MODELS / "qwen3-next-80b-a3b"))
+    # Every 4th layer is full attention (configs/qwen3_next.py::layers_block_type).
+    assert (s.full_attention_layers, s.linear_attention_layers) == (12, 36)
+    assert s.kv_bytes_per_token == 12 * 2 * 512 * 2
+    # Mamba2StateShape: conv (32*128 + 2*16*128) x (4 - 1) bf16, SSM 32 x 128 x 128 fp32.
+    assert s.mamba_conv_bytes_per_slot == 36 * 8192 * 3 * 2
+    assert s.mamba_bytes_per_slot - s.mamba_conv_bytes_per_slot == 36 * 32 * 128 * 128 * 4
+    assert s.hybrid and s.piecewise_cuda_graph_disabled and s.experts == 512
+    # 80 B in total (the model card), MTP not included.
+    assert _params(s, 262144 * 64 * 4) == pytest.approx(80e9, rel=0.01)
+
+
+def test_qwen36_27b_style_hybrid_with_vision_and_mtp() -> None:
+    s = model_shape(str(MODELS / "qwen36-27b-dummy"))
+    assert (s.architecture, s.model_type) == ("Qwen3_5ForConditionalGeneration", "qwen3_5")
+    assert (s.full_attention_layers, s.linear_attention_layers, s.mtp_layers) == (16, 48, 1)
+    assert s.kv_bytes_per_token == 32 * 1024
+    assert s.mamba_bytes_per_slot == 150_994_944 + 2_949_120  # 144 MiB SSM + 2.81 MiB conv
+    assert s.mamba_ssm_dtype == "float32"
+    # The vision_config names its layers `depth`: SGLang's VLM factor reads 24 (its default).
+    assert s.multimodal and s.vision == (24, 1152)
+    # Logged by real SGLang: target `mem usage=50.89 GB`, draft 5.52 GB while loading, of
+    # which 4.73 GB (its own embed_tokens and lm_head) come back.
+    assert s.weights_gib == pytest.approx(50.89, abs=0.01)
+    assert s.draft_load_gib == pytest.approx(5.52, abs=0.01)
+    assert s.draft_weights_gib == pytest.approx(5.52 - 4.73, abs=0.01)
+    assert s.draft_kv_bytes_per_token == 2 * 512 * 2  # one attention layer
+    assert s.context_length == 262144
+
+
+def test_tiny_dense_weights_match_the_real_engine() -> None:
+    s = model_shape(str(MODELS / "qwen3-tiny"))
+    assert s.weights_gib == pytest.approx(0.04, abs=0.01)  # logged mem usage=0.04 GB
+    assert s.tied_embeddings
+
+
+def test_safetensors_index_total_size_wins_less_the_mtp_layer(tmp_path: Path) -> None:
+    folder = tmp_path / "quantized"
+    shutil.copytree(MODELS / "qwen36-27b-dummy", folder)
+    total = 30 * GIB
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": {}}))
+    s = model_shape(str(folder))
+    rope = 262144 * 64 * 4
+    assert s.weights_source == "safetensors index"
+    assert s.weights_gib * GIB == pytest.approx(
+        total + rope + LOAD_RUNTIME_BYTES - s.draft_weights_gib * GIB)
+
+
+def _cache(root: Path, repo: str, revision: str, config: Path) -> Path:
+    snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
+    snap.mkdir(parents=True)
+    shutil.copy(config, snap / "config.json")
+    return snap / "config.json"
+
+
+def test_a_hub_id_is_found_in_the_hf_cache_by_refs_main(tmp_path: Path) -> None:
+    cache = tmp_path / "hub"
+    old = _cache(cache, "meta-llama/Llama-3.1-8B", "aaa", MODELS / "qwen3-tiny" / "config.json")
+    new = _cache(cache, "meta-llama/Llama-3.1-8B", "bbb", MODELS / "llama-3.1-8b" / "config.json")
+    env = {"HF_HUB_CACHE": str(cache), "HOME": str(tmp_path)}
+    refs = cache / "models--meta-llama--Llama-3.1-8B" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("aaa\n")
+    assert find_config("meta-llama/Llama-3.1-8B", env) == old
+    (refs / "main").write_text("bbb")
+    assert find_config("meta-llama/Llama-3.1-8B", env) == new
+    # HF_HOME/hub and ~/.cache/huggingface/hub are the other places, in that order.
+    home = tmp_path / "home"
+    found = _cache(home / ".cache" / "huggingface" / "hub", "Qwen/Qwen3-32B", "c",
+                   MODELS / "qwen3-32b" / "config.json")
+    assert find_config("Qwen/Qwen3-32B", {"HOME": str(home)}) == found
+    assert model_shape("Qwen/Qwen3-32B", {"HOME": str(home)}).kv_bytes_per_token == 262144
+
+
+def test_a_local_folder_and_a_folder_name_in_fleet_model_configs(tmp_path: Path) -> None:
+    assert find_config(str(MODELS / "qwen3-32b"), {}) == MODELS / "qwen3-32b" / "config.json"
+    # A path from another node (a snapshot) is looked up by its folder name.
+    env = {"FLEET_MODEL_CONFIGS": str(MODELS), "HOME": str(tmp_path)}
+    assert find_config("/tmp/rsg/models/qwen3-tiny", env) == MODELS / "qwen3-tiny" / "config.json"
+
+
+def test_a_missing_model_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    with pytest.raises(ModelConfigError) as err:
+        find_config("someone/never-downloaded", env)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("someone/never-downloaded/config.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelConfigError, match=r"empty/config.json: no such file"):
+        model_shape(str(tmp_path / "empty"), env)
+
+
+@pytest.mark.parametrize(("drop", "key"), [
+    ("num_hidden_layers", "num_hidden_layers"),
+    ("linear_num_value_heads", "linear_num_value_heads"),
+    ("full_attention_interval", "full_attention_interval"),
+    ("architectures", "architectures"),
+])
+def test_an_unreadable_config_names_the_file_and_the_key(tmp_path: Path, drop: str,
+                                                          key: str) -> None:
+    cfg = json.loads((MODELS / "qwen3next-tiny" / "config.json").read_text())
+    del cfg[drop]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match=rf"m/config.json: key '{key}' missing$"):
+        model_shape(str(tmp_path / "m"))
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    with pytest.raises(ModelConfigError, match=r"m/config.json: cannot read"):
+        model_shape(str(tmp_path / "m"))
+
+
+def test_gpt_oss_sliding_window_layers_get_their_own_pool() -> None:
+    cfg = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088,
+           "hidden_size": 2880, "num_hidden_layers": 4, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880,
+           "layer_types": ["sliding_attention", "full_attention"] * 2,
+           "max_position_embeddings": 131072}
+    s = mc.shape_from_config(cfg, "gpt-oss/config.json")
+    assert (s.full_attention_layers, s.swa_layers) == (2, 2)
+    assert s.kv_bytes_per_token == s.swa_kv_bytes_per_token == 2 * 8 * 128 * 2
+
+
+def test_mla_cell_is_the_latent_and_not_split_by_tp() -> None:
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+           "vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61,
+           "num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+           "intermediate_size": 18432, "max_position_embeddings": 163840}
+    with pytest.raises(ModelConfigError, match=r"dsv3/model.safetensors.index.json: key "):
+        mc.shape_from_config(cfg, "dsv3/config.json")
+    s = mc.shape_from_config(cfg, "dsv3/config.json", index_total=640 * GIB)
+    assert s.kv_bytes_per_token == 61 * (512 + 64) * 2 and s.kv_heads == 0
+    assert s.weights_gib == pytest.approx(640, abs=0.1)
