@@ -250,6 +250,12 @@ def test_the_captured_pools_are_reproduced(replay: tuple[str, Sim]) -> None:
     assert mine.scheduler.context_len == real.scheduler.context_len
     assert mine.mamba == real.mamba  # slots and every Mamba pool's GiB, to the logged digit
     assert mine.kv_tokens == pytest.approx(real.kv_tokens, rel=0.001), "KV tokens"
+    graphs = [_graph_sizes(text(capture, "server.log")), _graph_sizes(sim.log())]
+    assert graphs[1] == graphs[0]  # the target's CUDA graph batch sizes of the last start
+
+
+def _graph_sizes(log: str) -> str:
+    return re.findall(r"Capture cuda graph bs (\[[0-9, ]*\])", log)[-1]
 
 
 def _steady_decode_lines() -> list[tuple[float, float, float]]:
