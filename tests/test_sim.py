@@ -344,6 +344,70 @@ def test_length_check_counts_speculative_reserved_tokens(start) -> None:
     assert status(197) == 400
 
 
+def _too_long(context: int, counted: int) -> str:
+    return (f"The input ({counted} tokens) is longer than the model's context length "
+            f"({context} tokens).")
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_every_length_limit_at_both_endpoints(start, spec: bool) -> None:
+    """SGLang 0.5.11's three limits, in its order, at /generate and chat, with and without MTP:
+    the tokenizer's (input + reserved >= context; + max_new_tokens > context), the scheduler's
+    (input >= min(context - 1, pool - 1) - 5) and chat's max_completion_tokens > --context-length.
+    """
+    if spec:
+        argv, env = profile_argv("qwen36-27b-baseline")  # NEXTN 3/1/4: 4 reserved
+    else:
+        argv, env = ["--model-path", "Qwen/Qwen3-0.6B", "--context-length", "8192"], {}
+    sim = start(argv, {**env, "FLEET_SIM_SPEED": "1000"})
+    info = sim.get("/server_info").json()
+    context, limit = info["context_length"], info["max_req_input_len"]
+    reserved = 4 if spec else 0
+    assert (context, limit) == (8192, 8186)
+
+    def generate(n: int, max_new: int | None = 1) -> httpx.Response:
+        return sim.post("/generate", {"input_ids": [7] * n,
+                                      "sampling_params": {"max_new_tokens": max_new}})
+
+    for n in (context - reserved, context + 100):  # the tokenizer's check
+        got = generate(n)
+        assert got.status_code == 400
+        assert got.json() == {"error": {"message": _too_long(context, n + reserved)}}
+    for n in range(limit, context - reserved):  # then the scheduler's
+        got = generate(n)
+        assert got.status_code == 400, n
+        assert got.json()["error"]["message"] == (
+            f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
+            "Use a shorter input or enable --allow-auto-truncate.")
+    assert generate(limit - 1).status_code == 200
+    assert generate(limit - 1, None).status_code == 200  # null: up to the context
+    over = generate(100, context - 100 - reserved + 1)
+    assert over.status_code == 400 and over.json()["error"]["message"].startswith(
+        "Requested token count exceeds the model's maximum context length of 8192 tokens. "
+        f"You requested a total of {context + 1} tokens: {100 + reserved} tokens")
+    assert generate(100, context - 100 - reserved).status_code == 200
+
+    def chat(content: str, max_tokens: int | None) -> httpx.Response:
+        body: dict = {"messages": [{"role": "user", "content": content}]}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        return sim.post("/v1/chat/completions", body)
+
+    big = chat("hi", context + 1)
+    assert big.status_code == 400 and big.json() == {
+        "object": "error", "type": "BadRequestError", "param": None, "code": 400,
+        "message": f"max_completion_tokens is too large: {context + 1}.This model supports at "
+                   f"most {context} completion tokens."}
+    total = chat("hi", context)  # not too large, but prompt + reserved + 8192 > the context
+    assert total.status_code == 400
+    assert total.json()["message"].startswith("Requested token count exceeds")
+    long_text = "abcd" * (context + 50)  # ceil(chars / 4) prompt tokens > the context
+    assert chat(long_text, None).json()["message"].endswith(
+        f"is longer than the model's context length ({context} tokens).")
+    assert chat("hi", None).status_code == 200
+    assert chat("hi", 16).status_code == 200
+
+
 def test_extra_buffer_without_radix_cache_fails_at_start() -> None:
     argv = ["--model-path", "Qwen/Qwen3.6-27B", "--mamba-scheduler-strategy", "extra_buffer",
             "--disable-radix-cache"]
