@@ -24,6 +24,7 @@ from workers.engine.log import parse_log
 from workers.engine.metrics import full_kv_usage, parse_metrics
 from workers.engine.versions import check_version, engine_version
 from workers.errors import PromptFailed, PromptRejected
+from workers.gauges import sample_from
 
 # What each start logged (the pool lines, verbatim in the capture README and server.log).
 STARTS = {
@@ -303,3 +304,20 @@ def test_streams_are_sse_with_cumulative_ids_and_a_done_marker(capture: str) -> 
     assert lengths == list(range(1, len(lengths) + 1))  # /generate repeats the ids so far
     chat = exchange(capture, "chat_stream").events()
     assert chat[-1] == "[DONE]" and chat[-2]["choices"] == [] and "usage" in chat[-2]
+
+
+@pytest.mark.parametrize("capture", HYBRID)
+def test_the_workers_engine_sample_reads_real_metrics_and_loads(capture: str) -> None:
+    cap = STARTS[capture]["cap"]
+    before = exchange(capture, "before_v1_loads").json()
+    loaded = sample_from(text(capture, "load_metrics_t10.txt"), before)
+    assert loaded is not None
+    assert (loaded.running, loaded.cap) == (cap, cap)
+    assert loaded.queued is not None and loaded.queued > 100
+    assert loaded.kv_usage is not None and loaded.kv_usage < 0.05  # the KV pool, not Mamba's
+    assert loaded.mamba_usage == pytest.approx(0.8, abs=0.05)
+    assert loaded.accept_length == pytest.approx(1.0, abs=0.05)
+    idle = sample_from(None, before)  # no speculative section before the first decode step
+    assert idle is not None and idle.accept_length is None and idle.cap == cap
+    after = sample_from(None, exchange(capture, "after_v1_loads").json())
+    assert after is not None and after.accept_length == pytest.approx(1.0, abs=0.01)
