@@ -8,7 +8,7 @@ STAGGER ?= 30
 # Minutes `make soak` keeps running fault-and-operator schedules (tests/chaos/).
 SOAK_MINUTES ?= 30
 
-.PHONY: install lock redis-bin chromium-bin demo test lint bench soak fleet compose procfile clean
+.PHONY: install lock redis-bin chromium-bin demo test lint bench gpu-check soak fleet compose procfile clean
 
 # Exact versions with hashes from requirements.lock, then the project itself without
 # resolving anything again.
@@ -54,6 +54,15 @@ lint: install
 
 bench: install redis-bin
 	$(PY) -m bench.run_all
+
+# The whole fleet on this node's GPUs with real SGLang (the `gpu` extra): one worker per GPU,
+# a job, verify, the data set, optional plain-client and engine-kill phases; the summary goes to
+# bench/results/. Never part of `make test`. Example:
+#   make gpu-check GPU_CHECK_ARGS="--profile qwen36-27b --prompts 2000 --plain 48,96"
+GPU_CHECK_ARGS ?= --profile qwen36-27b
+gpu-check: install redis-bin
+	$(PY) -c "import sglang" 2>/dev/null || $(PIP) install -q -e '.[gpu]'
+	$(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 # Seeded schedules of faults and operator actions against a local fleet, one after another for
 # SOAK_MINUTES; prints schedules, faults, actions, prompts, lost, duplicated and failing seeds.

@@ -25,7 +25,8 @@ from config.settings import SimSettings
 from workers.delivery import jobstate
 from workers.delivery.ownership import live_holders
 from workers.engine.capacity import EngineFlags, model_shape, plan_capacity
-from workers.sim.engine import accept_length, step_ms
+from workers.sim.calibration import B200_WORKLOAD
+from workers.sim.engine import accept_length
 from workers.sim.flags import parse_args
 
 
@@ -45,7 +46,8 @@ class EngineModel:
     @property
     def ideal_tokens_per_s(self) -> float:
         """Decode tokens per second of one engine held at its running cap."""
-        return self.tokens_per_step / (step_ms(self.cap, self.draft_tokens > 0) / 1000) * self.speed
+        step_ms = B200_WORKLOAD.step_ms(self.cap, 0.0, self.draft_tokens > 0)
+        return self.tokens_per_step / (step_ms / 1000) * self.speed
 
 
 def engine_model(url: str, speed: float) -> EngineModel:
@@ -150,7 +152,7 @@ class JobWatch:
 
     def __init__(self, urls: list[str], caps: list[int], r: redis.Redis, job: str,
                  n_batches: int, interval_s: float = 0.05) -> None:
-        self.urls, self.caps, self.r, self.job = urls, caps, r, job
+        self.urls, self.caps, self.r, self.job = urls, list(caps), r, job
         self.n_batches, self.interval_s = n_batches, interval_s
         self.timeline = Timeline()
         self._http = httpx.Client(timeout=10)
@@ -182,11 +184,23 @@ class JobWatch:
     def _busy(self) -> tuple[float, int]:
         """(busy running slots / all slots, waiting requests) over every engine."""
         running = waiting = 0
-        for url in self.urls:
-            entry = orjson.loads(self._http.get(f"{url}/v1/loads").content)["loads"][0]
+        for i, url in enumerate(self.urls):
+            try:
+                entry = orjson.loads(self._http.get(f"{url}/v1/loads").content)["loads"][0]
+            except httpx.HTTPError:  # an engine that is down or restarting runs nothing
+                continue
             running += int(entry["num_running_reqs"])
             waiting += int(entry["num_waiting_reqs"])
+            # A relaunched engine (tune apply) has a new cap: the slots are its, not the old.
+            self.caps[i] = int(entry.get("max_running_requests") or self.caps[i])
         return running / sum(self.caps), waiting
+
+    def _decode_tokens(self) -> float | None:
+        """The engines' decode-token counter, or None while one is down (it restarts at 0)."""
+        try:
+            return decode_tokens(self._http, self.urls)
+        except httpx.HTTPError:
+            return None
 
     def _batches(self) -> tuple[int, int]:
         """(batches taken from the queue: owned by a run now or done, batches done)."""
@@ -201,15 +215,15 @@ class JobWatch:
             tl.samples.append((now, busy, waiting))
             if tl.t_first is None and busy > 0:
                 # The counter in the same sample: the window and its tokens start together.
-                tl.t_first, tl.decode_at_start = now, decode_tokens(self._http, self.urls)
+                tl.t_first, tl.decode_at_start = now, self._decode_tokens()
             taken, done = self._batches()
             if tl.t_started is None and taken:
                 tl.t_started = now
             if tl.t_all_taken is None and taken >= self.n_batches:
                 tl.t_all_taken = time.monotonic()
-                tl.decode_at_all_taken = decode_tokens(self._http, self.urls)
+                tl.decode_at_all_taken = self._decode_tokens()
             if done >= self.n_batches:
                 tl.t_done = time.monotonic()
-                tl.decode_at_done = decode_tokens(self._http, self.urls)
+                tl.decode_at_done = self._decode_tokens()
                 return
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))

@@ -105,7 +105,9 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
 def chat_body(row: dict[str, Any], max_new_tokens: int) -> bytes:
     """The /v1/chat/completions body of one prompt row."""
     messages = row.get("messages") or [{"role": "user", "content": row.get("prompt", "")}]
-    return orjson.dumps({"messages": messages, "max_tokens": max_new_tokens})
+    # A row's own max_tokens applies under the ceiling, as the fleet's --max-new-tokens does.
+    tokens = min(int(row.get("max_tokens") or max_new_tokens), max_new_tokens)
+    return orjson.dumps({"messages": messages, "max_tokens": tokens})
 
 
 async def _slot(url: str, rows: Iterator[dict[str, Any]], max_new_tokens: int,

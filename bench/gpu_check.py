@@ -1,0 +1,287 @@
+"""``make gpu-check``: the whole fleet on real engines, one summary of what it did.
+
+Starts ``redis-server``, one ``celery -A workers worker -Q gpuN`` per visible GPU with
+``FLEET_ENGINE=sglang`` and the given launch profile (each worker starts and owns its SGLang
+server), enqueues N prompts whose per-row ``max_tokens`` are drawn from the workload's shape,
+waits, runs ``verify``, builds the data set and prints one summary (JSON and a table): engine
+start time, effective cap, tokens/s from the engines' own ``/metrics``, occupancy sampled from
+``/v1/loads``, verify figures. Optional phases, in this order:
+
+- ``--plain 48,96``: after the fleet's job, a seed-style plain client (``bench/plain_client``)
+  sends the same prompts with the same per-row lengths straight to the same engines;
+  the ratio fleet ÷ plain is whole-job decode tokens/s from the same ``/metrics`` counter;
+- ``--tune-auto``: while the job runs, ``fleet tune auto`` diagnoses GPU 0 and relaunches it
+  with a better profile (its own before/after measurement is kept);
+- ``--kill-engine-after-s T``: a second job, during which the engine of GPU 0 is SIGKILLed T s
+  after the job's first request (the worker restarts it; ``verify`` must still be exact);
+- after the workers' warm shutdown, the GPUs' used memory (nvidia-smi) shows whether the
+  engines gave their memory back.
+
+Dummy weights (the borrowed H200) generate random tokens: EOS almost never comes, so output
+lengths are the rows' ``max_tokens``, and an MTP draft is accepted ~1.0 token per step, so
+tokens/s are MTP's cost without its gain. ``--engine sim`` runs the same check on the simulator.
+
+    python -m bench.gpu_check --profile qwen36-27b-h200-dummy --prompts 300 --plain 96,48
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import Fleet, local_fleet
+from bench.engines import JobWatch, decode_tokens
+from bench.gpu_configs import gpu_memory_used_mib
+from bench.plain_client import read_prompts, run_plain
+from workers.delivery import jobstate
+
+# The workload's output lengths (docs/workload.md): log-normal, mean 2,490, capped at
+# --max-new-tokens 7000. A run of minutes on one GPU scales the mean down, keeps the shape.
+WORKLOAD_SIGMA = 0.8
+
+
+def write_prompts(path: Path, n: int, mean_tokens: float, sigma: float, cap: int,
+                  seed: int) -> Path:
+    """``n`` chat rows, each with a seeded ``max_tokens`` from a log-normal of this mean."""
+    rng = random.Random(seed)
+    mu = math.log(mean_tokens) - sigma * sigma / 2
+    with path.open("w") as fh:
+        for i in range(n):
+            tokens = max(1, min(cap, round(rng.lognormvariate(mu, sigma))))
+            row = {"id": f"gc-{i}", "max_tokens": tokens,
+                   "messages": [{"role": "user", "content": f"Explain idea {i} step by step."}]}
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
+def visible_gpus() -> int:
+    """GPUs nvidia-smi lists (CUDA_VISIBLE_DEVICES is the workers' business, not ours)."""
+    return len(gpu_memory_used_mib())
+
+
+def engine_loads(url: str) -> dict[str, Any]:
+    """``/v1/loads`` entry of one engine (its effective cap and pool)."""
+    return httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"][0]
+
+
+def kill_engine(gpu: int) -> int | None:
+    """SIGKILL the process group of the engine guard of ``gpu`` (the engine dies at once)."""
+    out = subprocess.run(["pgrep", "-f", "workers.engine.guard"], capture_output=True,
+                         text=True).stdout.split()
+    for pid in map(int, out):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"CUDA_VISIBLE_DEVICES={gpu}".encode() in env or len(out) == 1:
+            os.killpg(pid, signal.SIGKILL)
+            return pid
+    return None
+
+
+def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path, n: int,
+                  job: str, batch_size: int, max_new: int, timeout_s: float,
+                  during: Any = None) -> dict[str, Any]:
+    """Enqueue, watch from the engines' side until done, verify; ``during(timeline)`` runs
+    once the first request is running."""
+    n_batches = math.ceil(n / batch_size)
+    with JobWatch(urls, caps, fleet.r, job, n_batches, 0.5) as watch:
+        fleet.producer("enqueue", str(prompts), "--job", job, "--batch-size", str(batch_size),
+                       "--max-new-tokens", str(max_new))
+        extra: dict[str, Any] = {}
+        if during is not None:
+            while watch.timeline.t_first is None:
+                time.sleep(0.2)
+            extra = during(watch.timeline) or {}
+        tl = watch.wait(timeout_s)
+    verify = json.loads(fleet.producer("verify", "--job", job, "--json").stdout)
+    counters = jobstate.counters(fleet.r, job)
+    return {"job": job, "prompts": n, "batches": n_batches, "seconds": round(tl.end_to_end_s, 1),
+            # None when an engine restarted in the job: its counter started again at 0.
+            "decode_tok_s": round(rate, 1) if (rate := tl.whole_decode_rate()) > 0 else None,
+            "occupancy": round(tl.occupancy(whole=True), 3),
+            "occupancy_until_all_taken": round(tl.occupancy(), 3),
+            "tail_share": round(tl.tail_share, 3), "mean_waiting": round(tl.mean_waiting(), 1),
+            "output_tokens": counters.get("output_tokens"),
+            # Completion tokens the job stored per second (the engine's counter restarts at 0
+            # with a restarted engine, so a job with a fault is read from this one).
+            "stored_tok_s": round(int(counters.get("output_tokens") or 0)
+                                  / max(tl.end_to_end_s, 1e-9), 1),
+            "verify": verify, **extra}
+
+
+def run_plain_client(urls: list[str], prompts: Path, in_flight: int,
+                     max_new: int) -> dict[str, Any]:
+    """The seed's client: ``in_flight`` requests per server, decode tok/s from /metrics."""
+    with httpx.Client(timeout=30) as http:
+        before = decode_tokens(http, urls)
+        result = asyncio.run(run_plain(urls, read_prompts(prompts), in_flight, max_new))
+        after = decode_tokens(http, urls)
+    return {"in_flight": in_flight, "seconds": round(result.seconds, 1),
+            "completed": result.completed, "failed": result.failed,
+            "output_tokens": result.output_tokens,
+            "decode_tok_s": round((after - before) / max(result.seconds, 1e-9), 1)}
+
+
+def tune_auto(fleet: Fleet, window_s: float) -> dict[str, Any]:
+    """``fleet tune auto --json`` on GPU 0 while the job runs; its report."""
+    res = subprocess.run(
+        [sys.executable, "-m", "producer", "tune", "auto", "--canary", "gpu0", "--max-trials",
+         "1", "--window-s", str(window_s), "--settle-timeout-s", "240",
+         "--restart-timeout-s", "600", "--json"],
+        env=fleet.env(), capture_output=True, text=True, timeout=1500)
+    try:
+        return {"tune_auto": json.loads(res.stdout)}
+    except json.JSONDecodeError:
+        return {"tune_auto": {"error": (res.stderr or res.stdout)[-1500:]}}
+
+
+def diagnose(fleet: Fleet, gpu: int) -> dict[str, Any]:
+    """``fleet tune diagnose --gpu N --json`` on the live engine."""
+    res = subprocess.run([sys.executable, "-m", "producer", "tune", "diagnose", "--gpu",
+                          str(gpu), "--json"], env=fleet.env(), capture_output=True, text=True,
+                         timeout=300)
+    try:
+        return json.loads(res.stdout)
+    except json.JSONDecodeError:
+        return {"error": (res.stderr or res.stdout)[-1500:]}
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The summary as a plain two-column table."""
+    rows = [("profile", summary["profile"]), ("engine", summary["engine"]),
+            ("GPUs", summary["gpus"])]
+    for w in summary["workers"]:
+        rows.append((f"gpu{w['gpu']} start / cap / KV tokens",
+                     f"{w['healthy_after_s']} s / {w['cap']} / {w['max_total_num_tokens']:,}"))
+    for key in ("job", "fault_job"):
+        j = summary.get(key)
+        if j:
+            v = j["verify"]
+            rows.append((f"{key}: prompts / s / decode tok/s / stored tok/s / occupancy",
+                         f"{j['prompts']} / {j['seconds']} / {j['decode_tok_s']} / "
+                         f"{j['stored_tok_s']} / {j['occupancy']}"))
+            rows.append((f"{key}: verify", f"ok={v['ok']} unique={v['unique']} "
+                         f"missing={v['missing']} duplicates={v['duplicates']}"))
+    for p in summary.get("plain", []):
+        rows.append((f"plain {p['in_flight']} in flight: s / tok/s / fleet ratio",
+                     f"{p['seconds']} / {p['decode_tok_s']} / {p.get('fleet_ratio')}"))
+    rows.append(("GPU memory used after stop (MiB)", summary.get("memory_after_stop_mib")))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
+           summary: dict[str, Any], result: Path) -> None:
+    """Start the workers, run the job and the optional phases; ``result`` is rewritten after
+    each phase."""
+    t0 = time.monotonic()
+    fleet.start_workers(gpus, timeout_s=args.start_timeout_s)
+    started = round(time.monotonic() - t0, 1)
+    urls = [fleet.engine_url(g) for g in range(gpus)]
+    summary["workers"] = [{"gpu": g, "healthy_after_s": started,
+                           "cap": int(lo["max_running_requests"]),
+                           "max_total_num_tokens": int(lo["max_total_num_tokens"])}
+                          for g, lo in enumerate(engine_loads(u) for u in urls)]
+    caps = [w["cap"] for w in summary["workers"]]
+    result.write_text(json.dumps(summary, indent=2) + "\n")
+    prompts = write_prompts(fleet.workdir / "prompts.jsonl", args.prompts, args.mean_tokens,
+                            args.sigma, args.max_new_tokens, args.seed)
+
+    def during(_tl: Any) -> dict[str, Any]:
+        if not args.tune_auto:
+            return {}
+        time.sleep(10)  # the queue fills the engine before the baseline window
+        return {"diagnose_before": diagnose(fleet, 0), **tune_auto(fleet, args.tune_window_s),
+                "diagnose_after": diagnose(fleet, 0)}
+
+    job = run_fleet_job(fleet, urls, caps, prompts, args.prompts, f"gc-{stamp}",
+                        args.batch_size, args.max_new_tokens, args.job_timeout_s, during)
+    summary["job"] = job
+    sink = fleet.producer("sink", "--job", job["job"], "--local", "--json")
+    summary["dataset"] = json.loads(sink.stdout)
+    result.write_text(json.dumps(summary, indent=2) + "\n")
+    summary["plain"] = []
+    for n in [int(x) for x in args.plain.split(",") if x.strip()]:
+        plain = run_plain_client(urls, prompts, n, args.max_new_tokens)
+        plain["fleet_ratio"] = round((job["decode_tok_s"] or 0) / max(plain["decode_tok_s"], 1e-9),
+                                     3)
+        summary["plain"].append(plain)
+        result.write_text(json.dumps(summary, indent=2) + "\n")
+    if args.kill_engine_after_s > 0:
+        nf = args.fault_prompts or args.prompts
+        fprompts = write_prompts(fleet.workdir / "fault.jsonl", nf, args.mean_tokens,
+                                 args.sigma, args.max_new_tokens, args.seed + 1)
+
+        def kill(_tl: Any) -> dict[str, Any]:
+            time.sleep(args.kill_engine_after_s)
+            return {"killed_guard_pid": kill_engine(0)}
+
+        summary["fault_job"] = run_fleet_job(fleet, urls, caps, fprompts, nf, f"gcf-{stamp}",
+                                             args.batch_size, args.max_new_tokens,
+                                             args.job_timeout_s, kill)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check; exit 1 unless every job verified exactly."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--profile", default="qwen36-27b-h200-dummy")
+    ap.add_argument("--engine", default="sglang", choices=("sglang", "sim"))
+    ap.add_argument("--gpus", type=int, default=0, help="workers (default: every visible GPU)")
+    ap.add_argument("--prompts", type=int, default=300)
+    ap.add_argument("--mean-tokens", type=float, default=160.0)
+    ap.add_argument("--sigma", type=float, default=WORKLOAD_SIGMA)
+    ap.add_argument("--max-new-tokens", type=int, default=640)
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--plain", default="", help="comma-separated in-flight counts")
+    ap.add_argument("--tune-auto", action="store_true")
+    ap.add_argument("--tune-window-s", type=float, default=40.0)
+    ap.add_argument("--kill-engine-after-s", type=float, default=0.0)
+    ap.add_argument("--fault-prompts", type=int, default=0, help="default: --prompts")
+    ap.add_argument("--start-timeout-s", type=float, default=600.0)
+    ap.add_argument("--job-timeout-s", type=float, default=1800.0)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    gpus = args.gpus or visible_gpus() or 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    env = {"FLEET_ENGINE": args.engine, "FLEET_PROFILE": args.profile,
+           "FLEET_ENGINE_WAIT_S": "600", "FLEET_ENGINE_START_TIMEOUT_S": str(args.start_timeout_s)}
+    summary: dict[str, Any] = {"date": stamp, "profile": args.profile, "engine": args.engine,
+                               "gpus": gpus, "memory_before_mib": gpu_memory_used_mib(),
+                               "note": "dummy weights on the H200: lengths are the rows' "
+                               "max_tokens, MTP accepts ~1.0 token per step"}
+    result = args.out / f"gpu-check-{stamp}.json"
+    with local_fleet("gpu-check", **env) as fleet:
+        try:
+            phases(fleet, args, gpus, stamp, summary, result)
+        finally:  # a run stopped by its time limit (SIGINT) keeps what it did and the logs
+            fleet.stop_workers()
+            time.sleep(3)
+            summary["memory_after_stop_mib"] = gpu_memory_used_mib()
+            logs = fleet.workdir / "logs"
+            for p in logs.glob("*.log"):
+                (args.out / f"gpu-check-{stamp}-{p.name}").write_bytes(
+                    p.read_bytes()[-4_000_000:])
+            summary["ok"] = all(j["verify"]["ok"] for j in (summary.get("job"),
+                                summary.get("fault_job")) if j) and "job" in summary
+            result.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(table(summary))
+    return 0 if summary["ok"] else 1
+
+if __name__ == "__main__":
+    sys.exit(main())
