@@ -301,6 +301,8 @@ def test_a_group_worker_killed_mid_batch_loses_and_doubles_nothing(fleet_env, st
     _wait_for(lambda: int(r.hget("fleet:job:gk:stats", "completed") or 0) >= 20, 90,
               "progress on the group before the kill")
     group.kill()  # SIGKILL: no hand-back, no release; the engine dies with its parent
+    # Its claims outlive it (until they expire, 30 s): GPU 1 is not handed out meanwhile.
+    assert f"GPU 1 is owned by {group.node}" in _refusal(fleet_env, "gpu1")
     other = start("gpu2", FLEET_SIM_SPEED="10", FLEET_SIM_MEAN_OUTPUT_TOKENS="60")
     _wait_for(lambda: any((r.get(f"fleet:job:gk:owner:{b}") or b"").startswith(
         f"{other.node}|".encode()) for b in (0, 1)), 120, "redelivery to the gpu2 worker")
