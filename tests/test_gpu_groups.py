@@ -184,6 +184,17 @@ def test_the_simulator_sizes_its_pools_per_gpu_at_tp_size(tmp_path):
     assert infos[2]["max_total_num_tokens"] > 2 * infos[1]["max_total_num_tokens"]
 
 
+def test_tune_plan_counts_one_engine_per_group():
+    from workers.tune.plan import JobSize, plan
+
+    base = load_profile("qwen36-27b")
+    job = JobSize(gpus=8, prompts=10_000, avg_output_tokens=2000, gpu_price_per_hour=2.0)
+    one, two = plan(base, job, 183_359), plan(group_profile(base, 2), job, 183_359)
+    assert (one["tp_size"], one["engines"], two["tp_size"], two["engines"]) == (1, 8, 2, 4)
+    assert two["tok_s_total"] == pytest.approx(two["tok_s_per_gpu"] * 4, abs=1)
+    assert two["cost"] == pytest.approx(two["eta_hours"] * 8 * 2.0, rel=0.01)  # all 8 GPUs
+
+
 # --- real workers ---------------------------------------------------------------------------
 
 

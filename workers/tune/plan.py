@@ -34,16 +34,22 @@ def plan(
     if profile.client_concurrency:
         running = min(running, profile.client_concurrency)
     per_gpu = throughput.tok_s(running)
+    # One engine per tp-size GPUs (a GPU group, workers/gpu_group.py): the cap and tok/s
+    # above are one engine's, so the job runs on gpus / tp engines.
+    tp = model.engine_flags(profile.flags).tp_size
+    engines = max(job.gpus // tp, 1)
     total_tokens = job.prompts * job.avg_output_tokens
-    hours = total_tokens / (per_gpu * job.gpus) / 3600 if per_gpu else float("inf")
+    hours = total_tokens / (per_gpu * engines) / 3600 if per_gpu else float("inf")
     out: dict[str, Any] = {
         "profile": profile.name,
         "gpu_memory_mib": gpu_memory_mib,
+        "tp_size": tp,
+        "engines": engines,
         "predicted": prediction.to_json(),
         "running_per_gpu": running,
         "tok_s_per_gpu": round(per_gpu),
-        "tok_s_total": round(per_gpu * job.gpus),
-        "requests_per_s": round(per_gpu * job.gpus / job.avg_output_tokens, 2),
+        "tok_s_total": round(per_gpu * engines),
+        "requests_per_s": round(per_gpu * engines / job.avg_output_tokens, 2),
         "eta_hours": round(hours, 1),
         "throughput_model": throughput.source,
         # What the calibration could not read (a snapshot's unknown log lines, version...).
