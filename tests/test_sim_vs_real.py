@@ -315,6 +315,7 @@ def test_the_h200_simulator_decodes_at_the_real_rate(tmp_path: Path, capture: st
                                                                    rel=0.15)
         at_cap = [b for b in mine.decode_lines() if b.number("#running-req") == running]
         assert {b.fields["cuda graph"] for b in at_cap} == {True}
+        assert {b.number("mamba num") for b in at_cap} == {4 * running}  # as in the capture
         _same_line_formats(real, mine)
         loads = sim.get("/v1/loads").json()["loads"][0]
         assert loads["max_running_requests"] == running
@@ -335,3 +336,24 @@ async def _post_all(url: str, bodies: list[dict[str, Any]]) -> list[int]:
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
         answers = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
     return [a.status_code for a in answers]
+
+
+def test_short_prompts_hold_three_mamba_slots_as_in_the_capture(tmp_path: Path) -> None:
+    """The capture's 43-token prompts held 3 slots each ("#running-req: 2, ..., mamba num: 6"):
+    a prompt under mamba_cache_chunk_size (64) forks no state into the radix tree."""
+    real = [b for b in parse_log(text("big80", "server.log")).decode_lines()
+            if b.number("#running-req") == 2 and b.number("#full token")]
+    assert {b.number("mamba num") for b in real} == {6}
+    argv, env = launch_argv("big80")
+    env |= {"FLEET_SIM_SPEED": "5", "FLEET_SIM_CALIBRATION": "h200-dummy"}
+    sim = launch(tmp_path, argv, env)
+    try:
+        sim.wait_ready()
+        bodies = [{"input_ids": [100 + i + j for j in range(43)],
+                   "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}
+                  for i in range(2)]
+        assert asyncio.run(_post_all(f"{sim.url}/generate", bodies)) == [200, 200]
+        lines = [b for b in parse_log(sim.log()).decode_lines() if b.number("#running-req") == 2]
+        assert lines and {b.number("mamba num") for b in lines} == {6}
+    finally:
+        sim.stop()

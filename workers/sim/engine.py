@@ -108,6 +108,7 @@ class EngineConfig:
     cache_mode: CacheMode = CacheMode(enabled=False)
     schedule_conservativeness: float = 1.0
     calibration: Calibration = B200_WORKLOAD  # step and prefill times (FLEET_SIM_CALIBRATION)
+    mamba_cache_chunk: int = 64  # ServerArgs.mamba_cache_chunk_size: max(FLA chunk 64, page)
 
 
 @dataclass(frozen=True)
@@ -226,12 +227,8 @@ class SimEngine:
         """Current usage, computed in O(running)."""
         cfg = self.config
         used = sum(r.input_len + r.generated for r in self.running)
-        # Slots held per running request: R - 1. Real 0.5.11 on an H200 (extra_buffer + MTP,
-        # R = 5) logged "mamba num: 64" at 16 running of 80 slots and 160 at 40 of 200, 4 each
-        # (docs/simulator.md); a third-party trace saw the same (github.com/jpezzulli/
-        # sglang-rtxpro6000 issue 5). Radix-cached slots are not modelled.
-        held = max(1, cfg.mamba_ratio - 1)
-        mamba_num = min(len(self.running) * held, cfg.max_mamba_cache_size)
+        mamba_num = min(sum(self._mamba_slots(r) for r in self.running),
+                        cfg.max_mamba_cache_size) if cfg.mamba_ratio else 0
         slots = max(cfg.max_mamba_cache_size, 1)
         return Snapshot(
             running=len(self.running),
@@ -244,6 +241,25 @@ class SimEngine:
             total_tokens=cfg.max_total_num_tokens,
             new_token_ratio=self.ratio.value,
         )
+
+    def _mamba_slots(self, req: SimRequest) -> int:
+        """Mamba slots a running request holds (what "mamba num" counts: used, not evictable).
+
+        Its own state (``HybridReqToTokenPool.alloc``), plus under extra_buffer the ping-pong
+        track buffers (2 with overlap, 1 without: R - 3 of them), plus, with the radix cache,
+        the prompt's state forked into the tree and locked while the request runs
+        (``MambaRadixCache.cache_unfinished_req``): always under no_buffer, and under
+        extra_buffer only when the prompt reached ``mamba_cache_chunk_size``
+        (``ScheduleBatch`` tracks a prefill of >= max(FLA_CHUNK_SIZE 64, page size) tokens).
+        Real 0.5.11 on an H200 (extra_buffer + MTP, R = 5): 3 per request with 22-55 token
+        prompts, 4 with 250-8,184 (docs/simulator.md).
+        """
+        ratio = self.config.mamba_ratio
+        if ratio <= 1:
+            return 1  # no radix cache
+        if self.config.cache_mode.hybrid_strategy != "extra_buffer":
+            return ratio - 1
+        return ratio - 2 + (1 if req.input_len >= self.config.mamba_cache_chunk else 0)
 
     def avg_accept_length(self) -> float:
         """Lifetime accept length (tokens per request-step)."""
