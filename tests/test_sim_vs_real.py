@@ -186,6 +186,11 @@ def test_server_info_and_loads_report_the_real_caps(replay: tuple[str, Sim]) -> 
         assert mine.get(key) == real.get(key), key
     for key in STATE_KEYS:
         assert (key in mine["internal_states"][0]) == (key in real["internal_states"][0]), key
+    # Every field the simulator writes is one SGLang writes (it knows fewer flags, never others).
+    infos = [x.json() for x in exchanges(capture) if x.path == "/server_info"]
+    assert set(mine) - set().union(*infos) == set()
+    states = [i["internal_states"][0] for i in infos]
+    assert set(mine["internal_states"][0]) - set().union(*states) == set()
     cap = real["internal_states"][0]["effective_max_running_requests_per_dp"]
     assert mine["internal_states"][0]["effective_max_running_requests_per_dp"] == cap
     assert sim.get("/v1/loads").json()["loads"][0]["max_running_requests"] == cap

@@ -291,7 +291,7 @@ def internal_state(state: SimState) -> dict[str, Any]:
         memory_usage=memory_usage(state),
         last_gen_throughput=state.engine.last_gen_throughput,
     )
-    if state.speculative:
+    if state.speculative and state.engine.lifetime_req_steps:  # after the first decode step
         entry["avg_spec_accept_length"] = state.engine.avg_accept_length()
     return entry
 

@@ -72,10 +72,12 @@ def resolved_server_args(
 ) -> dict[str, Any]:
     """ServerArgs after ``__post_init__``, as the top level of /server_info shows them."""
     resolved = dict(vars(args))
+    # --collect-tokens-histogram is a DeprecatedAction in 0.5.11: parsed, never a ServerArgs field.
+    resolved.pop("collect_tokens_histogram", None)
     resolved.update(
         served_model_name=args.served_model_name or args.model_path,
         tokenizer_path=args.tokenizer_path or args.model_path,
-        mem_fraction_static=round(plan.mem_fraction_static, 3),
+        mem_fraction_static=plan.mem_fraction_static,
         chunked_prefill_size=plan.chunked_prefill_size,
         cuda_graph_max_bs=plan.cuda_graph_max_bs,
         max_running_requests=cli_max_running_requests(flags),  # CLI value or 48, not the cap
