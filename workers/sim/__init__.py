@@ -12,7 +12,9 @@ no model runs and the output text is filler.
 Environment (``config.settings.SimSettings``): FLEET_SIM_SPEED (step times are divided by it),
 FLEET_SIM_MEAN_OUTPUT_TOKENS and FLEET_SIM_OUTPUT_SIGMA (log-normal output lengths),
 FLEET_SIM_SEED, FLEET_SIM_GPU_MEMORY_MIB (memory of the simulated GPU), FLEET_SIM_STARTUP_S
-(real seconds of simulated loading; the port refuses connections meanwhile, as SGLang's does).
+(real seconds of simulated loading; the port refuses connections for the first 78 %, then
+/health answers 503 through the warmup, as SGLang's does), FLEET_SIM_CALIBRATION (the timing
+profile, :mod:`workers.sim.calibration`).
 SGLANG_ENABLE_SPEC_V2 (default: the played release's, on in 0.5.11, off in 0.5.10.post1) and
 SGLANG_HEALTH_CHECK_TIMEOUT are honoured.
 Rates and latencies are real time: at FLEET_SIM_SPEED=k the reported gen throughput is k times the
