@@ -131,10 +131,15 @@ def test_a_hub_id_is_found_in_the_hf_cache_by_refs_main(tmp_path: Path) -> None:
     assert model_shape("Qwen/Qwen3-32B", {"HOME": str(home)}).kv_bytes_per_token == 262144
 
 
-def test_a_local_folder_and_a_folder_name_in_fleet_model_configs(tmp_path: Path) -> None:
+def test_a_local_folder_and_a_folder_name_in_the_config_dirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert find_config(str(MODELS / "qwen3-32b"), {}) == MODELS / "qwen3-32b" / "config.json"
+    env = {"HOME": str(tmp_path)}
+    # The shipped profiles' hub ids resolve to config/models/ when the cache lacks them.
+    assert find_config("Qwen/Qwen3-0.6B", env) == (
+        mc.REPO_CONFIGS / "Qwen--Qwen3-0.6B" / "config.json")
     # A path from another node (a snapshot) is looked up by its folder name.
-    env = {"FLEET_MODEL_CONFIGS": str(MODELS), "HOME": str(tmp_path)}
+    monkeypatch.setattr(mc, "CONFIG_DIRS", [MODELS])
     assert find_config("/tmp/rsg/models/qwen3-tiny", env) == MODELS / "qwen3-tiny" / "config.json"
 
 

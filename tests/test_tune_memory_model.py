@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from config.launch_profile import load_profile
+from workers.engine import model_config
 from workers.engine.log import parse_log
 from workers.tune import snapshot
 from workers.tune.flags import apply_changes
@@ -26,7 +27,8 @@ MIB = 2**20
 @pytest.fixture(autouse=True)
 def _model_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     # A snapshot's model-path is on the engine's node: its config.json is found by folder name.
-    monkeypatch.setenv("FLEET_MODEL_CONFIGS", str(FIXTURES / "models"))
+    dirs = [FIXTURES / "models", model_config.REPO_CONFIGS]
+    monkeypatch.setattr(model_config, "CONFIG_DIRS", dirs)
 
 
 def _profile(name: str) -> dict:
@@ -157,7 +159,7 @@ def test_an_engine_whose_pools_lack_memory_gets_it_booked_and_its_own_tokens_rep
 
 
 def test_a_model_whose_config_cannot_be_read_cannot_be_planned(tmp_path, monkeypatch):
-    monkeypatch.delenv("FLEET_MODEL_CONFIGS")
+    monkeypatch.setattr(model_config, "CONFIG_DIRS", [])
     with pytest.raises(CannotPlan, match=r"^cannot plan: .*no-such-model/config.json"):
         config_model({"model-path": str(tmp_path / "no-such-model")}, H200_MIB)
     (tmp_path / "broken").mkdir()

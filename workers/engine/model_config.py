@@ -3,10 +3,10 @@
 A profile's ``model-path`` is a local folder (or its config.json), or a hub id. A hub id is
 looked up in the local Hugging Face cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
 ``~/.cache/huggingface/hub``: ``models--org--name/snapshots/<rev>/config.json``), then in the
-folders of ``$FLEET_MODEL_CONFIGS`` (``os.pathsep``-separated) and the fleet's own
-``config/models/`` (``org--name/config.json``, for the models the shipped profiles name). The
-network is never used. A config that cannot be found or read raises :class:`ModelConfigError`
-with one line naming the file and the key.
+fleet's own ``config/models/`` (``org--name/config.json`` for the models the shipped profiles
+name; a path that is not on this machine, as in a snapshot from another node, by its folder
+name). The network is never used. A config that cannot be found or read raises
+:class:`ModelConfigError` with one line naming the file and the key.
 
 What is derived follows SGLang 0.5.11's ``configs/model_config.py`` (``_derive_model_shapes``,
 ``get_total_num_kv_heads``, ``get_context_length``, the multimodal and piecewise-CUDA-graph
@@ -31,6 +31,8 @@ from workers.engine import weights as w
 
 GIB = 1024**3
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "config" / "models"
+# Where hub ids and foreign paths are looked up after the HF cache (tests add fixture folders).
+CONFIG_DIRS: list[Path] = [REPO_CONFIGS]
 
 # configs/model_config.py::multimodal_model_archs (the ones with a text decoder we size).
 MULTIMODAL_ARCHS = frozenset({
@@ -137,8 +139,7 @@ def find_config(model_path: str, env: Mapping[str, str] | None = None) -> Path:
         found = _cached_snapshot(cache / ("models--" + repo.replace("/", "--")))
         if found is not None:
             return found
-    extra = [Path(p) for p in env.get("FLEET_MODEL_CONFIGS", "").split(os.pathsep) if p]
-    for folder in [*extra, REPO_CONFIGS]:
+    for folder in CONFIG_DIRS:
         for name in (repo.replace("/", "--"), repo.rsplit("/", 1)[-1]):
             if (folder / name / "config.json").is_file():
                 return folder / name / "config.json"

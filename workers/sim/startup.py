@@ -126,9 +126,10 @@ async def run_startup(state: SimState, startup_s: float, prefix: str = "") -> No
     mem = state.plan.memory_gib
     for line in warnings(state):
         log(line, prefix)
-    log(f"Load weight begin. avail mem={mem['total']:.2f} GB", prefix)
+    free = state.plan.free_before_weights_gib  # SGLang's `pre`: the GPU less the CUDA context
+    log(f"Load weight begin. avail mem={free:.2f} GB", prefix)
     await asyncio.sleep(startup_s * LOAD_SHARE)
-    avail = mem["total"] - mem["weights"]
+    avail = free - mem["weights"]
     log(
         f"Load weight end. elapsed={time.monotonic() - begin:.2f} s, "
         f"type={state.shape.architecture}, avail mem={avail:.2f} GB, "
