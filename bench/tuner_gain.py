@@ -8,9 +8,9 @@ measured it from ``sglang:realtime_tokens_total`` (not a client-side count). The
 finish with ``verify`` ok: a re-tune loses no prompt.
 
 The simulator and the tuner share the capacity arithmetic (workers/engine/capacity.py) and the
-throughput curve (workers.sim.engine.step_ms), so this measures the control loop, not a GPU:
-the gain on real GPUs is unmeasured. Beside it, :func:`seed_prediction` prints what the tuner
-predicts for the seed's B200 run (``fleet tune plan`` for 7 GPUs, 913,786 prompts of 2,490
+throughput curve (workers.sim.calibration.B200_WORKLOAD), so this measures the control loop,
+not a GPU: the gain on real GPUs is unmeasured. Beside it, :func:`seed_prediction` prints what
+the tuner predicts for the seed's B200 run (``fleet tune plan`` for 7 GPUs, 913,786 prompts of 2,490
 tokens, from the run's first profile) and how much of it is SGLang's arithmetic and how much
 a fitted curve.
 
@@ -25,7 +25,10 @@ import subprocess
 import sys
 
 from bench.common import ROOT, Goal, local_fleet, note, verdict, write_chat_prompts
-from workers.sim.engine import STEP_PER_REQ_MS, accept_length, step_ms
+from workers.sim.calibration import B200_WORKLOAD
+from workers.sim.engine import accept_length
+
+STEP_PER_REQ_MS = B200_WORKLOAD.step_per_req_ms
 
 SEED_PLAN = ("--gpus", "7", "--prompts", "913786", "--avg-output-tokens", "2490")
 # The seed run's two measured points the step-time line was fitted to: (running, tok/s per GPU).
@@ -46,7 +49,7 @@ def tok_s(running: int, per_req_ms: float = STEP_PER_REQ_MS) -> float:
     """The simulator's decode tok/s per GPU at ``running`` (MTP on), with the step's
     per-request cost beyond the last measured point (40 running) set to ``per_req_ms``."""
     last = MEASURED[-1][0]
-    ms = step_ms(min(running, last), True) + per_req_ms * max(running - last, 0)
+    ms = B200_WORKLOAD.step_ms(min(running, last), 0.0, True) + per_req_ms * max(running - last, 0)
     return running * accept_length(4) / ms * 1000
 
 

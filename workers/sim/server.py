@@ -20,11 +20,12 @@ from config.settings import SimSettings, load_settings
 from workers.engine.capacity import EngineFlags, model_shape, plan_capacity, resolved_mamba_strategy
 from workers.engine.versions import traits
 from workers.sim.admin import admin_routes
-from workers.sim.api import generate_handler, native_routes
+from workers.sim.api import native_routes
 from workers.sim.calibration import calibration
 from workers.sim.engine import EngineConfig, SimEngine
 from workers.sim.fastpath import FastPath
 from workers.sim.flags import parse_args
+from workers.sim.generate import generate_handler, generate_routes
 from workers.sim.openai_api import chat_handler, completions_handler, openai_routes
 from workers.sim.radix import CacheMode
 from workers.sim.report import Reporter, SimMetrics, log
@@ -132,7 +133,8 @@ def build_app(state: SimState, warmup_s: float = 0.0) -> FastPath:
         warm.cancel()
         engine_task.cancel()
 
-    routes = native_routes(state) + openai_routes(state) + admin_routes(state)
+    routes = (native_routes(state) + generate_routes(state) + openai_routes(state)
+              + admin_routes(state))
     hot = {
         "/generate": generate_handler(state),
         "/v1/completions": completions_handler(state),
