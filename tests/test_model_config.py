@@ -194,3 +194,22 @@ def test_mla_cell_is_the_latent_and_not_split_by_tp() -> None:
     s = mc.shape_from_config(cfg, "dsv3/config.json", index_total=640 * GIB)
     assert s.kv_bytes_per_token == 61 * (512 + 64) * 2 and s.kv_heads == 0
     assert s.weights_gib == pytest.approx(640, abs=0.1)
+
+
+def test_mistral_and_qwen2_dense_count_their_published_totals() -> None:
+    """Mistral-7B-v0.3 (no head_dim key: hidden / heads) and Qwen2.5-7B (qkv bias)."""
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+               "vocab_size": 32768, "hidden_size": 4096, "intermediate_size": 14336,
+               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "max_position_embeddings": 32768, "sliding_window": None,
+               "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    s = mc.shape_from_config(mistral, "mistral/config.json")
+    assert _params(s, 32768 * 128 * 4) == 7_248_023_552
+    assert s.kv_bytes_per_token == 32 * 8 * 256 * 2 and s.swa_layers == 0
+    qwen2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064,
+             "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+             "num_attention_heads": 28, "num_key_value_heads": 4,
+             "max_position_embeddings": 32768, "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16"}
+    s = mc.shape_from_config(qwen2, "qwen2/config.json")
+    assert _params(s, 32768 * 128 * 4) == 7_615_616_512
