@@ -125,6 +125,29 @@ def same_shape(real: Any, sim: Any, where: str = "") -> list[str]:
     return []
 
 
+def same_counts(x: Exchange, real: Any, mine: Any) -> list[str]:
+    """Token counts and finish reasons that must agree (prompt tokens only for token ids: the
+    simulator has no tokenizer). Dummy weights never stop early, so every real answer ran to
+    its length; the seeded simulator's drawn lengths are longer than these small budgets."""
+    out = []
+    pairs = list(zip(real, mine, strict=True)) if isinstance(real, list) else [(real, mine)]
+    for r, m in pairs:
+        if not isinstance(r, dict):
+            continue
+        if "meta_info" in r:
+            r, m = r["meta_info"], m["meta_info"]
+            keys = ["completion_tokens", "finish_reason", "reasoning_tokens"]
+            if "input_ids" in (x.request or {}) or x.request is None:
+                keys.append("prompt_tokens")
+        elif "usage" in r:
+            r, m = r["usage"], m["usage"]
+            keys = ["completion_tokens", "reasoning_tokens"]
+        else:
+            continue
+        out += [f"{k} {m.get(k)!r}, real {r.get(k)!r}" for k in keys if m.get(k) != r.get(k)]
+    return out
+
+
 def _message(body: Any) -> str:
     return body.get("message") or body["error"]["message"]
 
@@ -153,6 +176,7 @@ def test_every_captured_request_gets_the_real_status_and_shape(replay: tuple[str
             continue
         real, mine = x.json(), got.json()
         problems += [f"{x.name}{d}" for d in same_shape(real, mine)]
+        problems += [f"{x.name}: {d}" for d in same_counts(x, real, mine)]
         if x.status == 400 and EXACT_MESSAGE.search(x.name) and _message(real) != _message(mine):
             problems.append(f"{x.name}: {_message(mine)!r}, real {_message(real)!r}")
     assert problems == [], "\n".join(problems)
