@@ -12,7 +12,9 @@ from pathlib import Path
 
 from workers.tune import snapshot
 from workers.tune.diagnose import diagnose
-from workers.tune.situation import view_from_snapshot
+from workers.tune.flags import apply_changes
+from workers.tune.levers import NO_RADIX, SEARCH_STEP, _fits, running_cap_options
+from workers.tune.situation import situation, view_from_snapshot
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "tune" / "snapshots"
 BIG80 = SNAPSHOTS / "real_h200_big80"
@@ -80,6 +82,28 @@ def test_real_baseline_keeping_the_radix_cache_still_reaches_40():
     assert "disable-radix-cache" not in rec["flags"]
 
 
+def test_each_lever_gets_the_largest_running_count_that_fits():
+    # What fits is a band: with MTP the draft's KV pool is as many tokens as the target's, so
+    # at NVML's raised fraction few running requests (a large pool) leave the draft no room
+    # where more fit. Each lever's count is the brute-force largest, raised fraction or not.
+    view = view_from_snapshot(snapshot.load(BIG80))
+    sit = situation(view)
+    assert sit.raised_fraction()
+    options = {o.name: o for o in running_cap_options(view.model, sit)}
+    assert {"more_slots+mem_fraction", "no_radix+mem_fraction"} <= set(options)
+    for name, option in options.items():
+        flags = apply_changes(sit.flags, {k: v for k, v in option.changes.items()
+                                          if k not in ("max-running-requests",
+                                                       "max-mamba-cache-size")})
+        fitting = [n for n in range(1, 400) if _fits(view.model, flags, n, sit) is not None]
+        assert fitting, name
+        assert option.cap == max(fitting), name
+    # The band: at the raised fraction a single request does not fit, the chosen count does.
+    raised = apply_changes(sit.flags, {**NO_RADIX, **sit.raised_fraction()})
+    assert _fits(view.model, raised, 1, sit) is None
+    assert options["no_radix+mem_fraction"].cap >= EXPERT_RUNNING
+
+
 def test_real_tuned_profile_is_not_called_compute_bound_from_warm_up_lines():
     snap = snapshot.load(BIG200_40)
     d = diagnose(snap).to_json()
@@ -106,3 +130,26 @@ def test_a_canary_relaunch_in_the_same_log_adds_its_steady_state(tmp_path):
     d = diagnose(snap).to_json()
     assert d["binding_constraint"] == "running_cap"
     assert _counts(_evidence(d)["throughput_measured_up_to"][1]) == {16, 40}
+
+
+def test_a_fraction_raise_nothing_fits_at_backs_off_to_the_largest_that_does():
+    # NVML free memory is an upper bound: say it showed 100 GiB free. The raise it allows
+    # leaves the draft no room at any count; each lever takes the largest fraction that fits,
+    # and never a fraction of 1 or more.
+    snap = snapshot.load(BIG80)
+    snap["gpu"] = {**snap["gpu"], "memory_free_mib": 100 * 1024}
+    view = view_from_snapshot(snap)
+    sit = situation(view)
+    raised = sit.raised_fraction()["mem-fraction-static"]
+    options = [o for o in running_cap_options(view.model, sit) if o.name.endswith("+mem_fraction")]
+    assert options
+    for option in options:
+        assert option.prediction is not None, option.name
+        fraction = option.changes["mem-fraction-static"]
+        assert sit.fraction < fraction < raised < 1
+        base = {k: v for k, v in option.changes.items()
+                if k not in ("max-running-requests", "max-mamba-cache-size")}
+        above = apply_changes(sit.flags, {**base, "mem-fraction-static": round(fraction + 0.01, 2)})
+        # Above it, at most a sliver of counts fits (narrower than the search's stride).
+        fitting = [n for n in range(1, 400) if _fits(view.model, above, n, sit) is not None]
+        assert len(fitting) < SEARCH_STEP, (option.name, fitting)

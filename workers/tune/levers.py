@@ -38,8 +38,9 @@ LOSSY_MIN_GAIN = 0.2
 KV_MIN_GAIN = 0.1
 # A mem-fraction-static raise smaller than this share of the GPU is not worth its risk.
 MIN_FRACTION_STEP = 0.02
-# Upper end of the running-count search when no measured knee bounds it.
+# Upper end of the running-count search when no measured knee bounds it, and its stride.
 MAX_RUNNING_SEARCH = 1024
+SEARCH_STEP = 8
 
 NO_RADIX = {"disable-radix-cache": True, "mamba-scheduler-strategy": None}
 BF16_SSM = {"mamba-ssm-dtype": "bfloat16"}
@@ -75,6 +76,17 @@ class Situation:
         if self.extra_fraction < MIN_FRACTION_STEP:
             return {}
         return {"mem-fraction-static": round(self.fraction + self.extra_fraction, 2)}
+
+    def lower_fractions(self) -> Iterator[dict[str, Any]]:
+        """Smaller raises, one hundredth at a time, down to MIN_FRACTION_STEP: NVML's free
+        memory is an upper bound (the speculative draft's pool, sized from the target's
+        tokens, comes out of what the fraction leaves)."""
+        top = round(self.fraction + self.extra_fraction, 2)
+        for k in range(1, round(self.extra_fraction * 100) + 1):
+            lower = round(top - k / 100, 2)
+            if lower < self.fraction + MIN_FRACTION_STEP:
+                return
+            yield {"mem-fraction-static": lower}
 
 
 @dataclass(frozen=True)
@@ -133,17 +145,24 @@ def largest_fit(model: MemoryModel, flags: FlagMap, sit: Situation) -> Predictio
     """The prediction for the most running requests that fit in memory.
 
     Up to the throughput knee where steady state measured one; otherwise memory alone sets it
-    (an unmeasured curve is no reason to stop short: the canary measures the result).
+    (an unmeasured curve is no reason to stop short: the canary measures the result). What
+    fits is a band, not everything below a limit: with speculative decoding the draft's KV
+    pool is as many tokens as the target's, so few running requests (a large KV pool) can
+    leave the draft no room where more (a smaller pool) fit. The search steps down from the
+    top in SEARCH_STEP strides to the first count that fits, then up to the band's edge.
     """
-    lo, hi, best = 1, sit.throughput.knee() or MAX_RUNNING_SEARCH, None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        pred = _fits(model, flags, mid, sit)
-        if pred is None:
-            hi = mid - 1
-        else:
-            best, lo = pred, mid + 1
-    return best
+    top = sit.throughput.knee() or MAX_RUNNING_SEARCH
+    for n in range(top, 0, -SEARCH_STEP):
+        best = _fits(model, flags, n, sit)
+        if best is None:
+            continue
+        for up in range(n + 1, min(top, n + SEARCH_STEP - 1) + 1):
+            pred = _fits(model, flags, up, sit)
+            if pred is None:
+                break
+            best = pred
+        return best
+    return None
 
 
 def _variants(sit: Situation, hybrid: bool) -> Iterator[tuple[str, dict[str, Any], bool, str]]:
@@ -180,6 +199,11 @@ def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
     for name, changes, lossy, blocked in _variants(sit, model.shape.hybrid):
         flags = apply_changes(sit.flags, changes)
         pred = largest_fit(model, flags, sit)
+        lower = sit.lower_fractions() if "mem-fraction-static" in changes else iter(())
+        while pred is None and (fraction := next(lower, None)) is not None:
+            changes = {**changes, **fraction}
+            flags = apply_changes(sit.flags, changes)
+            pred = largest_fit(model, flags, sit)
         if pred is not None:
             changes = flag_changes(sit.flags, _sized(model, flags, pred.cap))
         tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0

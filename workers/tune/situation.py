@@ -199,6 +199,9 @@ def extra_fraction(view: EngineView) -> float:
     stranded = view.value("stranded_gib") or 0.0
     margin = max(FREE_MARGIN_GIB, FREE_MARGIN_SHARE * total_gib)
     room = free_mib / 1024 - stranded - margin
+    # Never past the whole GPU less the margin, whatever NVML's free figure says.
+    fraction = view.current.plan.mem_fraction_static if view.current else 0.0
+    room = min(room, total_gib * (1 - fraction) - margin)
     return max(0.0, math.floor(room / total_gib * 100) / 100)
 
 
