@@ -29,14 +29,11 @@ from tests.realfixtures import (
     text,
 )
 from tests.simproc import Sim, launch
-from workers.engine.capacity import model_shape
 from workers.engine.log import LogFacts, parse_log
 from workers.sim.calibration import H200_DUMMY
 
 H200_MIB = 143_771  # nvidia-smi memory.total of the capture's GPU (timing.txt)
 MODELS = REAL.parents[2] / "models"
-# Stand-ins for the capture's model folders where the catalogue does not read the folder.
-CATALOGUE = {"qwen36-27b-dummy": "Qwen/Qwen3.6-27B", "qwen3-tiny": "Qwen/Qwen3-0.6B"}
 # Answers whose values are the run's own (time, ids, sampled tokens): compared by shape only.
 EXACT_MESSAGE = re.compile(r"len\d+_max\d+|bad_temperature|bad_top_p|max_tokens_over_ctx")
 # /server_info fields the fleet reads, and what each internal_states entry must carry.
@@ -47,23 +44,16 @@ STATE_KEYS = ("effective_max_running_requests_per_dp", "max_mamba_cache_size", "
               "last_gen_throughput")
 
 
-def _reads_folders() -> bool:
-    """Whether the capacity planner reads a model folder's config.json (else: its catalogue)."""
-    try:
-        return model_shape(str(MODELS / "qwen3-tiny")).name != model_shape("no/such-model").name
-    except ValueError:  # an unknown path is refused once folders are read
-        return True
-
-
 def launch_argv(capture: str) -> tuple[list[str], dict[str, str]]:
-    """The capture's launch flags and environment, with a model path the simulator can plan."""
+    """The capture's launch flags and environment, the model path pointing at the fixture copy
+    of the folder it ran."""
     cmd = text(capture, "server.log").splitlines()[0].removeprefix("CMD: ")
     env_part, _, flags = cmd.partition(" python3 -m sglang.launch_server ")
     env = dict(item.split("=", 1) for item in shlex.split(env_part))
     argv = shlex.split(flags)
     at = argv.index("--model-path") + 1
     folder = Path(argv[at]).name
-    argv[at] = str(MODELS / folder) if _reads_folders() else CATALOGUE[folder]
+    argv[at] = str(MODELS / folder)  # the capture's own model folder (its config.json)
     for flag in ("--host", "--port"):
         at = argv.index(flag)
         del argv[at:at + 2]
