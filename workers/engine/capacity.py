@@ -8,7 +8,8 @@ resolution from :mod:`workers.engine.server_args`; this module is
    ``get_available_gpu_memory``; the log prints it as ``Load weight begin. avail mem=``). Read
    from the engine's log when there is one; otherwise the GPU's total less
    :data:`STARTUP_USED_GIB`, what the CUDA context and NCCL took before it on the H200.
-2. ``post = pre - weights`` (``Load weight end … mem usage=``), then
+2. ``post = pre - weights`` (``Load weight end … mem usage=``; for MoE models also less the
+   expert-location maps built before the weights), then
    ``rest = post - pre * (1 - mem_fraction_static)`` (``_profile_available_bytes``).
 3. Hybrid models: ``handle_max_mamba_cache`` reserves the speculative intermediate states for
    the pre-cap ``max_running_requests`` and the Mamba slots.
@@ -17,7 +18,8 @@ resolution from :mod:`workers.engine.server_args`; this module is
    ``--max-total-tokens``; the cap by ``_resolve_max_num_reqs``.
 
 Checked against real SGLang 0.5.11 on one H200 (tests/test_real_pools.py): the caps exactly, the
-KV tokens within 0.08 % from the config alone and within 0.05 % from the logged ``avail mem``.
+KV tokens within 0.08 % from the config alone and within 0.05 % from the logged ``avail mem``,
+for eight launches (dense, hybrid, MoE hybrid, fp8 KV) and one refusal.
 Not modelled: DP attention, pipeline parallelism; tensor parallelism splits weights, KV heads
 (replicated below one per GPU) and Mamba state evenly.
 """
@@ -59,7 +61,7 @@ GIB = 1024**3
 # 0.5.11 captures, dense and hybrid alike. The CUDA context plus the NCCL communicators
 # (``Init torch distributed ends. mem usage=0.09 GB``); a property of the driver and runtime,
 # not of SGLang's code, so a live engine's logged value replaces it.
-STARTUP_USED_GIB = 140.40 - 139.13
+STARTUP_USED_GIB = 143_771 / 1024 - 139.13
 # Element size of --kv-cache-dtype ("auto": the model's dtype).
 KV_DTYPE_BYTES = {"fp8_e5m2": 1, "fp8_e4m3": 1, "fp4_e2m1": 0.5, "bfloat16": 2, "bf16": 2,
                   "float16": 2}
@@ -215,7 +217,7 @@ def _memory_map(
     unexplained = shape.unexplained_gib / flags.tp_size
     draft = draft_gib(shape, flags, tokens)[0]
     pool = pre * fraction  # what post - pre * (1 - f) leaves besides the weights
-    free = max(0.0, pool - weights - mamba - inter - kv - unexplained)
+    free = max(0.0, pool - shape.pre_load_gib - weights - mamba - inter - kv - unexplained)
     used = weights + mamba + inter + kv + unexplained + draft + free
     return {"total": total_gib, "weights": weights, "mamba": mamba, "mamba_intermediate": inter,
             "kv": kv, "unexplained": unexplained, "draft": draft,
@@ -253,7 +255,7 @@ def plan_capacity(
     pre = free_before_weights_gib
     if pre is None:
         pre = max(0.0, total_gib - STARTUP_USED_GIB)
-    post = pre - (shape.weights_gib + shape.unexplained_gib) / flags.tp_size
+    post = pre - shape.pre_load_gib - (shape.weights_gib + shape.unexplained_gib) / flags.tp_size
     rest = post - pre * (1 - fraction)
     cli_cap = cli_max_running_requests(flags)
     slots, ratio = 0, None
@@ -269,8 +271,8 @@ def plan_capacity(
     if cap <= 0:
         raise RuntimeError(f"max_running_requests resolves to {cap} (Mamba slots {slots} < R).")
     memory = _memory_map(shape, flags, total_gib, pre, (slots, cap, tokens, fraction))
-    allocated = sum(memory[k] for k in ("weights", "mamba", "mamba_intermediate", "kv",
-                                        "unexplained"))
+    allocated = shape.pre_load_gib + sum(memory[k] for k in (
+        "weights", "mamba", "mamba_intermediate", "kv", "unexplained"))
     _check_draft_fits(shape, flags, pre - allocated, graph_bs * 2 / MIB_PER_GIB, tokens)
     max_req_len = min(context_len - 1, tokens - 1)
     return CapacityPlan(

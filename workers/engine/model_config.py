@@ -54,6 +54,13 @@ MLA_ARCHS = frozenset({
     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
     "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM", "MistralLarge3ForCausalLM",
 })
+# Classes with ``get_model_config_for_expert_location``: SGLang builds their expert-location
+# metadata on the GPU before the weights load (eplb/expert_location.py).
+EXPERT_LOCATION_ARCHS = frozenset({
+    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
+})
 HYBRID_LINEAR_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                        "max_position_embeddings")
@@ -96,11 +103,14 @@ class ModelShape:
     swa_kv_bytes_per_token: int = 0
     mtp_layers: int = 0
     draft_load_gib: float = 0.0  # draft weights while it loads (its own embed and lm_head too)
+    # GPU memory SGLang allocates after it measures ``pre`` and before the weights load.
+    pre_load_gib: float = 0.0
     experts: int = 0
     vocab_size: int = 0
     tied_embeddings: bool = False
     source: str = ""  # the config.json read
     weights_source: str = ""  # "safetensors index" or "config"
+    tensor_gib: float = 0.0  # the tensors' exact sum (weights_gib: the allocator's segments)
 
 
 def _hf_cache_dirs(env: Mapping[str, str]) -> list[Path]:
@@ -236,6 +246,18 @@ def _index_total(folder: Path) -> int | None:
     return int(total) if total else None
 
 
+def expert_location_bytes(text: Mapping[str, Any], arch: str) -> int:
+    """``ExpertLocationMetadata.init_trivial`` / ``_init_raw`` (``eplb/expert_location.py``),
+    built in ``ModelRunner.initialize`` before ``load_model``: the int64 maps
+    ``logical_to_all_physical_map`` padded to ``[layers, experts, experts]``,
+    ``physical_to_logical_map`` and ``…_num_valid`` (``[layers, experts]`` each), on the GPU."""
+    experts = int(text.get("num_experts") or text.get("n_routed_experts") or 0)
+    if arch not in EXPERT_LOCATION_ARCHS or experts <= 0:
+        return 0
+    layers = int(text["num_hidden_layers"])
+    return layers * experts * (experts + 2) * 8
+
+
 def _vision_factor_input(cfg: Mapping[str, Any]) -> tuple[int, int] | None:
     vision = cfg.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -267,17 +289,16 @@ def shape_from_config(cfg: Mapping[str, Any], source: str, name: str = "",
         raise ModelConfigError(
             f"{Path(source).parent / 'model.safetensors.index.json'}: key 'metadata.total_size' "
             f"missing (the weights of {arch} are not counted from the config)")
-    try:
-        counted = w.count_weight_bytes(cfg, text, kinds, head_dim)
-    except KeyError as exc:
-        raise ModelConfigError(f"{source}: key {exc.args[0]!r} missing") from exc
     if index_total is not None:
         # The checkpoint's tensors, less the MTP layer loaded as the draft, plus rope buffers.
         rope_dim = int(text.get("qk_rope_head_dim") or head_dim) if arch in MLA_ARCHS else head_dim
-        weights = index_total - mtp_kept + w.rope_buffer_bytes(text, rope_dim)
+        tensors = weights = index_total - mtp_kept + w.rope_buffer_bytes(text, rope_dim)
     else:
-        weights = counted
-    weights += w.LOAD_RUNTIME_BYTES
+        try:
+            trace = w.trace_model(cfg, text, kinds, head_dim)
+        except KeyError as exc:
+            raise ModelConfigError(f"{source}: key {exc.args[0]!r} missing") from exc
+        tensors, weights = trace.tensor_bytes, trace.reserved
     eos = text.get("eos_token_id", cfg.get("eos_token_id")) or 0
     return ModelShape(
         name=name or source,
@@ -304,11 +325,13 @@ def shape_from_config(cfg: Mapping[str, Any], source: str, name: str = "",
         swa_kv_bytes_per_token=per_layer * swa,
         mtp_layers=mtp,
         draft_load_gib=mtp_loaded / GIB,
+        pre_load_gib=expert_location_bytes(text, arch) / GIB,
         experts=int(text.get("num_experts") or text.get("num_local_experts") or 0),
         vocab_size=int(text["vocab_size"]),
         tied_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))),
         source=source,
         weights_source="safetensors index" if index_total is not None else "config",
+        tensor_gib=tensors / GIB,
     )
 
 

@@ -1,34 +1,31 @@
-"""Bytes of weights SGLang allocates for a model, counted from its config.json.
+"""GPU memory SGLang's model classes take for their weights, counted from a config.json.
 
-``--load-format dummy`` (``model_loader/loader.py::DummyModelLoader``) allocates exactly the
-parameters of SGLang's model class and fills them at random, and a real checkpoint fills the
-same tensors; the ``Load weight end … mem usage=`` line of ``model_runner.py::load_model`` is
-that allocation plus the buffers the modules register. The counts below follow the modules of
-SGLang 0.5.11 (``srt/models/llama.py``, ``qwen3.py``, ``qwen3_moe.py``, ``qwen3_next.py``,
-``qwen3_5.py``, ``qwen3_vl.py``, ``qwen3_5_mtp.py``); the buffer is the rotary
-``cos_sin_cache`` (``layers/rotary_embedding/base.py``: ``[max_position, rotary_dim]`` float32 on
-CUDA, one per distinct rope because ``get_rope`` caches them).
+``--load-format dummy`` (``model_loader/loader.py::DummyModelLoader``) builds the model class
+under ``torch.device("cuda")`` and fills its parameters at random; a real checkpoint fills the same
+tensors. ``Load weight end … mem usage=`` (``model_runner.py::load_model``) is the free memory
+that took: the tensors, in the caching allocator's segments (:mod:`workers.engine.allocator`).
+The tensors below follow SGLang 0.5.11's modules in construction order (``srt/models/llama.py``,
+``qwen3.py``, ``qwen3_moe.py``, ``qwen2_moe.py``, ``qwen3_next.py``, ``qwen3_5.py``,
+``qwen3_vl.py``, ``qwen3_5_mtp.py``); the one buffer is the rotary ``cos_sin_cache``
+(``layers/rotary_embedding/base.py``: ``[max_position, rotary_dim]`` in float32 on CUDA, one per
+distinct rope since ``get_rope`` caches them, built from GPU temporaries that are freed).
 
-Checked on the H200: the 27B-shaped Qwen3.5 folder counts 50.863 GiB of tensors (logged
-``mem usage=50.89``, ``avail mem`` 139.13 -> 88.23), the tiny Qwen3 0.013 GiB (logged 0.04,
-139.13 -> 139.08). Both runs took 28-38 MiB more than their tensors (the two readings of the
-same two-decimal lines), the same for a 13 MiB and a 51 GiB model: the CUDA runtime's (kernel
-modules loaded by the initialisation, allocator segments), not a tensor of SGLang's.
-:data:`LOAD_RUNTIME_BYTES` books it, measured, so a prediction without a log is as close as
-the log's rounding; a live engine's log replaces the whole figure.
+Checked on the H200 (SGLang 0.5.11, torch 2.11): the logged ``mem usage`` of the tiny Qwen3
+(0.04 GB), the 27B-shaped Qwen3.5 (50.89), a Llama-3.1-8B shape (15.02), a Qwen3-32B shape (61.04)
+and a 24-layer Qwen3-Next shape (74.85) within the log's two decimals.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from workers.engine.allocator import reserved_bytes
 
 # The KV pool and the weights count bytes per element of these dtypes.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 FP32 = 4
-# Measured on the H200 (torch 2.11+cu130), see the module docstring: 33 MiB, the middle of the
-# 28-38 MiB that the logged lines allow, in both runs.
-LOAD_RUNTIME_BYTES = 33 * 1024**2
 
 
 def _get(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -36,110 +33,154 @@ def _get(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def rope_buffer_bytes(text: Mapping[str, Any], head_dim: int) -> int:
-    """The ``cos_sin_cache`` of the text model's rope (float32 on CUDA, shared by all layers)."""
+@dataclass
+class Trace:
+    """The model's GPU allocations in construction order, and their exact sum."""
+
+    elem: int  # bytes per element of the model's dtype
+    events: list[tuple[str, int, int]] = field(default_factory=list)
+    tensor_bytes: int = 0
+    ropes: set[tuple[int, int]] = field(default_factory=set)
+
+    def tensor(self, *numels: int, elem: int | None = None) -> None:
+        """One live tensor per ``numel`` (a weight, a bias, a norm)."""
+        for numel in numels:
+            size = numel * (elem or self.elem)
+            self.events.append(("a", len(self.events), size))
+            self.tensor_bytes += size
+
+    def rope(self, positions: int, rotary_dim: int) -> None:
+        """``_compute_cos_sin_cache``: t, freqs, cos, sin, then the cache; the rest freed."""
+        if (positions, rotary_dim) in self.ropes:
+            return
+        self.ropes.add((positions, rotary_dim))
+        half = positions * rotary_dim // 2 * FP32
+        temps = [rotary_dim // 2 * FP32, positions * FP32, half, half, half]
+        first = len(self.events)
+        for size in temps:
+            self.events.append(("a", len(self.events), size))
+        self.tensor(positions * rotary_dim, elem=FP32)
+        self.events += [("f", first + i, 0) for i in range(len(temps))]
+
+    @property
+    def reserved(self) -> int:
+        """What ``mem_get_info`` sees the tensors take (after ``empty_cache``)."""
+        return reserved_bytes(self.events)
+
+
+def rope_shape(text: Mapping[str, Any], head_dim: int) -> tuple[int, int]:
+    """(positions, rotary_dim) of the text model's rope cache (YaRN: original x factor)."""
     rope = _get(text, "rope_scaling") or _get(text, "rope_parameters") or {}
     factor = float(rope.get("partial_rotary_factor", _get(text, "partial_rotary_factor", 1.0)))
-    rotary_dim = int(head_dim * factor)
     positions = int(_get(text, "max_position_embeddings", 8192))
     if rope.get("rope_type", rope.get("type")) == "yarn":
         original = int(rope.get("original_max_position_embeddings", positions))
         positions = int(original * float(rope.get("factor", 1.0)))
+    return positions, int(head_dim * factor)
+
+
+def rope_buffer_bytes(text: Mapping[str, Any], head_dim: int) -> int:
+    """Bytes of the text model's ``cos_sin_cache``."""
+    positions, rotary_dim = rope_shape(text, head_dim)
     return positions * rotary_dim * FP32
 
 
-def _attention(text: Mapping[str, Any], hidden: int, head_dim: int, gated: bool) -> int:
-    """``qkv_proj`` + ``o_proj`` (+ Qwen3's ``q_norm``/``k_norm``) of one full-attention layer."""
+def _attention(t: Trace, text: Mapping[str, Any], head_dim: int, gated: bool) -> None:
+    """``qkv_proj`` (+bias for Qwen2), ``o_proj``, the rope, Qwen3's ``q_norm``/``k_norm``."""
+    hidden = int(text["hidden_size"])
     heads = int(text["num_attention_heads"])
     kv_heads = int(_get(text, "num_key_value_heads", heads))
     q_out = heads * head_dim * (2 if gated else 1)  # Qwen3.5/Next: query and output gate
-    params = hidden * (q_out + 2 * kv_heads * head_dim) + heads * head_dim * hidden
-    if _get(text, "attention_bias", False) or text.get("model_type") == "qwen2":
-        params += q_out + 2 * kv_heads * head_dim
+    qkv = q_out + 2 * kv_heads * head_dim
     if str(text.get("model_type", "")).startswith("qwen3"):
-        params += 2 * head_dim
-    return params
+        t.tensor(head_dim, head_dim)
+    t.tensor(hidden * qkv)
+    if _get(text, "attention_bias", False) or text.get("model_type") == "qwen2":
+        t.tensor(qkv)
+    t.tensor(heads * head_dim * hidden)
+    t.rope(*rope_shape(text, head_dim))
 
 
-def _gated_delta_net(text: Mapping[str, Any], hidden: int) -> tuple[int, int]:
-    """(bf16 params, fp32 params) of one linear-attention (GatedDeltaNet) layer."""
+def _gated_delta_net(t: Trace, text: Mapping[str, Any]) -> None:
+    """One linear-attention layer: conv1d, in_proj_qkvz, in_proj_ba, dt_bias, A_log (fp32),
+    the gated norm, out_proj (``Qwen3GatedDeltaNet`` / ``Qwen3_5GatedDeltaNet``)."""
+    hidden = int(text["hidden_size"])
     key_dim = int(text["linear_key_head_dim"]) * int(text["linear_num_key_heads"])
     v_heads = int(text["linear_num_value_heads"])
     value_dim = int(text["linear_value_head_dim"]) * v_heads
-    conv = (2 * key_dim + value_dim) * int(text["linear_conv_kernel_dim"])
-    qkvz = hidden * (2 * key_dim + 2 * value_dim)
-    params = conv + qkvz + hidden * 2 * v_heads + v_heads + int(text["linear_value_head_dim"])
-    return params + value_dim * hidden, v_heads  # A_log is float32
+    t.tensor((2 * key_dim + value_dim) * int(text["linear_conv_kernel_dim"]))
+    t.tensor(hidden * (2 * key_dim + 2 * value_dim), hidden * 2 * v_heads, v_heads)
+    t.tensor(v_heads, elem=FP32)
+    t.tensor(int(text["linear_value_head_dim"]), value_dim * hidden)
 
 
-def _mlp(text: Mapping[str, Any], hidden: int, layer: int) -> int:
-    """The MLP of decoder layer ``layer``: dense, or experts + router (+ shared expert)."""
+def _mlp(t: Trace, text: Mapping[str, Any], layer: int) -> None:
+    """Decoder layer ``layer``'s MLP: dense, or fused experts + router (+ shared expert)."""
+    hidden = int(text["hidden_size"])
     experts = int(_get(text, "num_experts", _get(text, "num_local_experts", 0)))
     sparse_step = int(_get(text, "decoder_sparse_step", 1))
-    dense_layers = set(_get(text, "mlp_only_layers", []))
-    moe = experts > 0 and layer not in dense_layers and (layer + 1) % sparse_step == 0
+    moe = (experts > 0 and layer not in set(_get(text, "mlp_only_layers", []))
+           and (layer + 1) % sparse_step == 0)
     if not moe:
-        return 3 * hidden * int(text["intermediate_size"])
-    params = experts * 3 * hidden * int(text["moe_intermediate_size"]) + hidden * experts
+        inter = int(text["intermediate_size"])
+        t.tensor(hidden * 2 * inter, inter * hidden)
+        return
+    inter = int(text["moe_intermediate_size"])
+    t.tensor(experts * 2 * inter * hidden, experts * hidden * inter, hidden * experts)
     shared = int(_get(text, "shared_expert_intermediate_size", 0))
     if shared:
-        params += 3 * hidden * shared + hidden  # shared_expert + shared_expert_gate
-    return params
+        t.tensor(hidden * 2 * shared, shared * hidden, hidden)  # shared_expert and its gate
 
 
-def _vision(vision: Mapping[str, Any]) -> int:
-    """``Qwen3VLMoeVisionModel`` (Qwen3-VL / Qwen3.5 tower): patch and position embeddings,
-    ``depth`` blocks (LayerNorms, qkv/proj with bias, MLP with bias) and the patch merger."""
+def _vision(t: Trace, vision: Mapping[str, Any]) -> None:
+    """``Qwen3VLMoeVisionModel``: patch and position embeddings, its rope, ``depth`` blocks
+    (LayerNorms, qkv/proj and the MLP with biases) and the patch merger(s)."""
     hidden = int(vision["hidden_size"])
     inter = int(vision["intermediate_size"])
     patch = int(vision.get("patch_size", 16))
-    merge = int(vision.get("spatial_merge_size", 2)) ** 2
+    merged = int(vision.get("spatial_merge_size", 2)) ** 2 * hidden
     out = int(vision["out_hidden_size"])
-    block = 4 * hidden + (3 * hidden * hidden + 3 * hidden) + (hidden * hidden + hidden)
-    block += 2 * hidden * inter + inter + hidden
-    embed = int(vision.get("in_channels", 3)) * int(vision.get("temporal_patch_size", 2))
-    embed = embed * patch * patch * hidden + hidden
-    embed += int(vision.get("num_position_embeddings", 0)) * hidden
-    merger = 2 * hidden + (merge * hidden) ** 2 + merge * hidden + merge * hidden * out + out
-    mergers = 1 + len(vision.get("deepstack_visual_indexes") or [])
-    return int(vision["depth"]) * block + embed + mergers * merger
+    channels = int(vision.get("in_channels", 3)) * int(vision.get("temporal_patch_size", 2))
+    t.tensor(channels * patch * patch * hidden, hidden)
+    t.tensor(int(vision.get("num_position_embeddings", 0)) * hidden)
+    head_dim = hidden // int(vision["num_heads"])
+    t.rope(8192, head_dim // 2)
+    for _ in range(int(vision["depth"])):
+        t.tensor(hidden, hidden, hidden, hidden)
+        t.tensor(3 * hidden * hidden, 3 * hidden, hidden * hidden, hidden)
+        t.tensor(inter * hidden, inter, hidden * inter, hidden)
+    for _ in range(1 + len(vision.get("deepstack_visual_indexes") or [])):
+        t.tensor(hidden, hidden, merged * merged, merged, out * merged, out)
 
 
-def _vision_rope_bytes(vision: Mapping[str, Any]) -> int:
-    """The vision tower's own rope cache (``max_position=8192``, rotary_dim = head_dim / 2)."""
-    head_dim = int(vision["hidden_size"]) // int(vision["num_heads"])
-    return 8192 * (head_dim // 2) * FP32
+def _dtype_bytes(text: Mapping[str, Any]) -> int:
+    return DTYPE_BYTES.get(str(_get(text, "torch_dtype", _get(text, "dtype", "bfloat16"))), 2)
 
 
-def count_weight_bytes(
+def trace_model(
     top: Mapping[str, Any], text: Mapping[str, Any], layer_kinds: list[str], head_dim: int
-) -> int:
-    """Bytes of the target model's parameters and buffers, in the config's dtype.
-
-    ``layer_kinds`` holds ``"attention"`` or ``"linear"`` per decoder layer. MTP / NextN layers
-    are not counted: SGLang loads them as a separate draft model (``qwen3_5.py::load_weights``
-    skips ``mtp`` names).
-    """
-    elem = DTYPE_BYTES.get(str(_get(text, "torch_dtype", _get(text, "dtype", "bfloat16"))), 2)
-    hidden = int(text["hidden_size"])
-    vocab = int(text["vocab_size"])
+) -> Trace:
+    """The target model's allocations (``layer_kinds``: ``"attention"`` or ``"linear"`` per
+    decoder layer). MTP / NextN layers are not the target's: SGLang loads them as the draft
+    (``qwen3_5.py::load_weights`` skips ``mtp`` names)."""
+    t = Trace(_dtype_bytes(text))
+    hidden, vocab = int(text["hidden_size"]), int(text["vocab_size"])
     gated = bool(_get(text, "attn_output_gate", "linear_num_value_heads" in text))
-    params, fp32 = 0, 0
-    for layer, kind in enumerate(layer_kinds):
-        if kind == "linear":
-            bf16, a_log = _gated_delta_net(text, hidden)
-            params, fp32 = params + bf16, fp32 + a_log
-        else:
-            params += _attention(text, hidden, head_dim, gated)
-        params += _mlp(text, hidden, layer) + 2 * hidden
-    tied = bool(_get(text, "tie_word_embeddings", _get(top, "tie_word_embeddings", False)))
-    params += vocab * hidden * (1 if tied else 2) + hidden
-    buffers = rope_buffer_bytes(text, head_dim)
     vision = top.get("vision_config")
     if isinstance(vision, Mapping) and "depth" in vision and "out_hidden_size" in vision:
-        params += _vision(vision)
-        buffers += _vision_rope_bytes(vision)
-    return params * elem + fp32 * FP32 + buffers
+        _vision(t, vision)
+    t.tensor(vocab * hidden)
+    for layer, kind in enumerate(layer_kinds):
+        if kind == "linear":
+            _gated_delta_net(t, text)
+        else:
+            _attention(t, text, head_dim, gated)
+        _mlp(t, text, layer)
+        t.tensor(hidden, hidden)
+    t.tensor(hidden)
+    if not bool(_get(text, "tie_word_embeddings", _get(top, "tie_word_embeddings", False))):
+        t.tensor(vocab * hidden)
+    return t
 
 
 def mtp_weight_bytes(text: Mapping[str, Any], head_dim: int) -> tuple[int, int]:
@@ -147,11 +188,12 @@ def mtp_weight_bytes(text: Mapping[str, Any], head_dim: int) -> tuple[int, int]:
     two norms, one full-attention decoder layer and the final norm are kept; its own
     ``embed_tokens`` and ``lm_head`` are allocated too, then swapped for the target's
     (``set_embed_and_head``), so they count only while the draft loads."""
-    elem = DTYPE_BYTES.get(str(_get(text, "torch_dtype", _get(text, "dtype", "bfloat16"))), 2)
+    t = Trace(_dtype_bytes(text))
     hidden = int(text["hidden_size"])
-    gated = bool(_get(text, "attn_output_gate", True))
-    layer = _attention(text, hidden, head_dim, gated) + _mlp(text, hidden, 0) + 2 * hidden
-    kept = (2 * hidden * hidden + 3 * hidden + layer) * elem
-    tied = bool(_get(text, "tie_word_embeddings", False))
-    heads = int(text["vocab_size"]) * hidden * (1 if tied else 2) * elem
-    return kept, kept + heads
+    t.tensor(2 * hidden * hidden, hidden, hidden)
+    _attention(t, text, head_dim, bool(_get(text, "attn_output_gate", True)))
+    _mlp(t, text, 0)
+    t.tensor(hidden, hidden, hidden)
+    heads = int(text["vocab_size"]) * hidden * (1 if _get(text, "tie_word_embeddings") else 2)
+    kept = t.tensor_bytes - rope_buffer_bytes(text, head_dim)  # the target's rope is reused
+    return kept, kept + heads * t.elem

@@ -280,7 +280,8 @@ def calibrate(
         shape = dataclasses.replace(shape, unexplained_gib=0.0)
     model.shape, model.measured = shape, measured
     if log.weights_begin_avail_gib is not None:
-        model.free_before_weights_gib = log.weights_begin_avail_gib
+        # SGLang measured `pre` before it built what comes ahead of the weights (MoE maps).
+        model.free_before_weights_gib = log.weights_begin_avail_gib + shape.pre_load_gib
         measured.append(Reading("free_before_weights_gib", log.weights_begin_avail_gib,
                                 "log Load weight begin avail mem"))
     fraction = info.get("mem_fraction_static")
