@@ -1,8 +1,9 @@
-"""Supported SGLang releases: fixtures in each one's formats, the check at start, and the tuner
-saying what it could not read (issue #13, finding 2)."""
+"""Supported SGLang releases: fixtures in each one's formats, the check at start (older refused,
+newer started with a warning), and the tuner saying what it could not read (issues #13, #21)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from config.launch_profile import load_profile
 from workers.engine.lifecycle import Engine, EngineSpec
 from workers.engine.log import parse_log
-from workers.engine.versions import SUPPORTED, UnsupportedVersion, check_version
+from workers.engine.versions import SUPPORTED, UnsupportedVersion, check_version, version_warning
 from workers.tune import snapshot
 from workers.tune.diagnose import diagnose
 
@@ -25,9 +26,10 @@ CAPS = {"0.5.10.post1": 20, "0.5.11": 16}  # 80 slots // R (4 without spec v2, 5
 
 def test_every_supported_release_has_a_fixture_folder() -> None:
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == sorted(SUPPORTED)
+    assert all((FIXTURES / v / "formats" / "lines.json").is_file() for v in SUPPORTED)
 
 
-@pytest.mark.parametrize("version", sorted(SUPPORTED))
+@pytest.mark.parametrize("version", sorted(CAPS))
 def test_each_release_is_read_in_full_and_its_arithmetic_reproduces_the_cap(version) -> None:
     log = parse_log((FIXTURES / version / "engine.log").read_text())
     assert log.unread == []
@@ -40,20 +42,20 @@ def test_each_release_is_read_in_full_and_its_arithmetic_reproduces_the_cap(vers
     assert current["kv_tokens"] == log.scheduler.max_total_num_tokens
 
 
-def test_an_unsupported_release_is_named_and_its_unknown_lines_listed(tmp_path: Path) -> None:
+def test_a_newer_release_is_named_and_its_unknown_lines_listed(tmp_path: Path) -> None:
     snap_dir = tmp_path / "snap"
     shutil.copytree(FIXTURES / "0.5.11", snap_dir)
     log = (snap_dir / "engine.log").read_text()
-    # The KV line of later releases (mem_cache/memory_pool.py, 0.5.23).
+    # A KV line in a format no known release prints.
     log = log.replace("KV Cache is allocated. #tokens: 1137037, K size: 17.35 GB",
-                      "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1137037, K size: "
+                      "KV Cache is allocated. layout: paged, #tokens: 1137037, K size: "
                       "17.35 GB", 1)
     (snap_dir / "engine.log").write_text(log)
-    info = (snap_dir / "server_info.json").read_text().replace('"0.5.11"', '"0.5.23"')
+    info = (snap_dir / "server_info.json").read_text().replace('"0.5.11"', '"0.5.24"')
     (snap_dir / "server_info.json").write_text(info)
     unread = diagnose(snapshot.load(snap_dir)).to_json()["unread_evidence"]
-    assert any("version 0.5.23" in u for u in unread)
-    assert any("dtype: torch.bfloat16" in u for u in unread)
+    assert any("version 0.5.24" in u and "explicit_cap_rule" in u for u in unread)
+    assert any("layout: paged" in u for u in unread)
     assert any(u.startswith("KV bytes per token from the model's config") for u in unread)
     # `tune plan` calibrated from that snapshot says the same, in JSON and in its table.
     argv = [sys.executable, "-m", "workers.tune", "plan", "--profile", "qwen36-27b", "--gpus",
@@ -62,7 +64,7 @@ def test_an_unsupported_release_is_named_and_its_unknown_lines_listed(tmp_path: 
     assert orjson.loads(got.stdout)["unread_evidence"] == unread
     table = subprocess.run(argv, capture_output=True, text=True, check=True,
                            env={**os.environ, "COLUMNS": "400"}).stdout
-    assert "not read: " in table and "version 0.5.23" in table
+    assert "not read: " in table and "version 0.5.24" in table
 
 
 def test_tp_ranks_other_than_0_do_not_count_as_the_draft_model() -> None:
@@ -78,32 +80,42 @@ def test_tp_ranks_other_than_0_do_not_count_as_the_draft_model() -> None:
     assert log.weights_gib == 27.0 and log.draft_weights_gib is None
 
 
-def test_check_version_refuses_with_one_line() -> None:
+def test_check_version_refuses_older_releases_with_one_line() -> None:
     assert check_version("0.5.11", "engine").spec_v2_default is True
     assert check_version("0.5.10.post1", "engine").spec_v2_default is False
-    with pytest.raises(UnsupportedVersion) as err:
-        check_version("0.5.23", "engine on GPU 0")
-    message = str(err.value)
-    assert "\n" not in message and "0.5.23" in message and "0.5.11" in message
+    assert check_version("0.5.23", "engine").version == "0.5.23"
+    assert check_version("0.5.24", "engine").explicit_cap_rule == "min_half_tokens"
+    for old in ("0.5.10", "0.5.9", "0.4.10.post2", None, "nightly"):
+        with pytest.raises(UnsupportedVersion) as err:
+            check_version(old, "engine on GPU 0")
+        message = str(err.value)
+        assert "\n" not in message and "0.5.10.post1" in message and "0.5.23" in message
+    assert version_warning("0.5.23", "engine") is None
+    warning = version_warning("0.5.24", "engine on GPU 0")
+    assert warning is not None and "\n" not in warning and "0.5.24" in warning
 
 
-def test_worker_engine_refuses_an_unsupported_release_at_start(tmp_path: Path,
-                                                               monkeypatch) -> None:
+def test_worker_engine_refuses_an_older_release_and_warns_on_a_newer_one(
+        tmp_path: Path, monkeypatch, caplog) -> None:
     from producer.localfleet import free_port
 
     monkeypatch.setenv("FLEET_SIM_STARTUP_S", "0.1")
-    for version, ok in (("0.5.23", False), ("0.5.10.post1", True)):
+    for version, ok in (("0.5.9", False), ("0.5.24", True), ("0.5.10.post1", True)):
         monkeypatch.setenv("FLEET_SIM_SGLANG_VERSION", version)
         spec = EngineSpec(kind="sim", profile=load_profile("qwen36-27b"), gpu=0,
                           host="127.0.0.1", port=free_port(), log_path=tmp_path / f"{version}.log",
                           stop_grace_s=2.0)
         engine = Engine(spec)
         engine.start()
+        caplog.clear()
         try:
             if ok:
-                engine.wait_ready(60.0)
+                with caplog.at_level(logging.WARNING, logger="workers.engine.versions"):
+                    engine.wait_ready(60.0)
+                warned = [r.getMessage() for r in caplog.records if "newer than" in r.getMessage()]
+                assert len(warned) == (1 if version == "0.5.24" else 0)
             else:
-                with pytest.raises(UnsupportedVersion, match="runs SGLang 0.5.23"):
+                with pytest.raises(UnsupportedVersion, match="runs SGLang 0.5.9"):
                     engine.wait_ready(60.0)
         finally:
             engine.stop()

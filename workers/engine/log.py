@@ -1,16 +1,22 @@
 """Facts read from an SGLang engine log: the startup memory lines and the periodic batch lines.
 
-The patterns follow the f-strings of SGLang 0.5.10.post1 and 0.5.11 (``model_runner.py``,
-``mem_cache/memory_pool.py``, ``managers/scheduler.py``; the versions
-:mod:`workers.engine.versions` supports): ``[%(asctime)s{ DPr}{ PPr}{ TPr}] message``
-(``srt/utils/common.py::configure_logger``). "GB" in these lines means GiB. Lines without the
-bracketed prefix (another logger format) are read as bare messages.
+The patterns follow the f-strings of every release from 0.5.10.post1 to 0.5.23
+(:mod:`workers.engine.releases` says which release prints which): ``model_runner.py`` (``Load
+weight begin/end``), ``mem_cache/memory_pool.py`` (``Mamba Cache is allocated``, ``KV Cache is
+allocated``, with ``dtype: …,`` from 0.5.13 and a ``Full``/``SWA`` label on hybrid SWA pools
+from 0.5.17), the CUDA graph lines (``Capture cuda graph end. Time elapsed: …`` through 0.5.13,
+``Capture target decode CUDA graph end. [bs=[…], ]elapsed=…`` from 0.5.14,
+``model_runner_components/cuda_graph_setup.py``), ``managers/scheduler.py``
+(``max_total_num_tokens=…``) and the batch lines of ``scheduler_metrics_mixin.py`` (0.5.13 on:
+``scheduler_components/metrics_reporter.py``), all in ``[%(asctime)s{ DPr}{ PPr}{ TPr}]
+message`` (``srt/utils/common.py::configure_logger``). "GB" in these lines means GiB. Lines
+without the bracketed prefix (another logger format) are read as bare messages.
 
 Every TP rank prints the startup lines (``Load weight end`` included), so only rank 0's are
 read: a second ``Load weight end`` from rank 0 is the speculative draft model, one from TP1 is
-not. A startup line whose marker is there but whose format is not one of these releases' is
+not. A startup line whose marker is there but whose format is none of these releases' is
 listed in :attr:`LogFacts.unread`, so the tuner says what it could not read instead of falling
-back silently (0.5.23 prints ``KV Cache is allocated. dtype: …, #tokens: …``).
+back silently.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 
 _WEIGHT_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
 _WEIGHT_END = re.compile(rf"Load weight end\..*avail mem={_NUM} GB, mem usage={_NUM} GB")
+# 0.5.18 on, with the startup weight overlap: a second, timing-only line (startup_weight_load.py).
+_WEIGHT_COMMIT = re.compile(r"Load weight end\. Committed real weights after CUDA graph capture")
 _MAMBA = re.compile(
     rf"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), "
     rf"conv_state size: {_NUM}\s*GB, ssm_state size: {_NUM}\s*GB"
@@ -31,12 +39,20 @@ _MAMBA_SPEC = re.compile(
     rf"intermediate_ssm_state_cache size: {_NUM}\s*GB "
     rf"intermediate_conv_window_cache size: {_NUM}\s*GB"
 )
-_KV_MHA = re.compile(
-    rf"KV Cache is allocated\. #tokens: (\d+), K size: {_NUM} GB, V size: {_NUM} GB"
-)
-_KV_MLA = re.compile(rf"KV Cache is allocated\. #tokens: (\d+), KV size: {_NUM} GB")
+_KV_HEAD = r"(?P<label>(?:Full|SWA) )?KV Cache is allocated\. (?:dtype: (?P<dtype>[\w.]+), )?"
+_KV_MHA = re.compile(rf"{_KV_HEAD}#tokens: (?P<tokens>\d+), K size: {_NUM} GB, V size: {_NUM} GB")
+_KV_MLA = re.compile(rf"{_KV_HEAD}#tokens: (?P<tokens>\d+), KV size: {_NUM} GB")
+# Opt-in from 0.5.16 (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING): the pool resized after the graphs.
+_KV_POST_CAPTURE = re.compile(r"Post-capture KV sizing: KV cache allocated\. dtype: [\w.]+, "
+                              r"#tokens: (\d+),")
 _POOL_END = re.compile(rf"Memory pool end\. avail mem={_NUM} GB")
-_GRAPH_END = re.compile(rf"Capture cuda graph end\..*mem usage={_NUM} GB\. avail mem={_NUM} GB")
+_GRAPH_END_LEGACY = re.compile(
+    rf"Capture cuda graph end\..*mem usage={_NUM} GB\. avail mem={_NUM} GB"
+)
+_GRAPH_END_NAMED = re.compile(
+    rf"Capture (?P<name>[\w ]+?) (?:CUDA|cuda) graph end\. (?:bs=\[[^\]]*\], )?"
+    rf"elapsed=[0-9.]+ s, mem usage={_NUM} GB, avail mem={_NUM} GB"
+)
 _SCHEDULER = re.compile(
     r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
     rf"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem={_NUM} GB"
@@ -48,7 +64,7 @@ _SERVER_ARGS = re.compile(r"server_args=ServerArgs\((.*)\)\s*$")
 _RANK = re.compile(r" (TP|PP|EP)(\d+)")
 # Marker of each startup line the tuner needs, and the patterns that read it.
 _MUST_READ: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
-    ("Load weight end", (_WEIGHT_END,)),
+    ("Load weight end", (_WEIGHT_END, _WEIGHT_COMMIT)),
     ("Mamba Cache is allocated", (_MAMBA,)),
     ("KV Cache is allocated", (_KV_MHA, _KV_MLA)),
     ("max_total_num_tokens=", (_SCHEDULER,)),
@@ -108,6 +124,8 @@ class LogFacts:
     kv_tokens: int | None = None
     kv_gib: float | None = None
     kv_seen: bool = False  # the target's KV line went by (read or not)
+    kv_dtype: str | None = None  # "torch.bfloat16" (the line says it from 0.5.13)
+    post_capture_kv_tokens: int | None = None  # the pool after the post-capture resize
     pool_end_avail_gib: float | None = None
     graph_gib: float | None = None
     graph_end_avail_gib: float | None = None
@@ -201,17 +219,22 @@ def _read_mamba(message: str) -> MambaAlloc | None:
 
 
 def _read_kv(message: str, facts: LogFacts) -> None:
+    if match := _KV_POST_CAPTURE.search(message):
+        facts.post_capture_kv_tokens = int(match.group(1))
+        return
     if "KV Cache is allocated" not in message:
         return
     if facts.kv_seen:
         return  # the draft model's own (small) KV pool comes second: never the target's
     facts.kv_seen = True
     if match := _KV_MHA.search(message):
-        facts.kv_tokens = int(match.group(1))
-        facts.kv_gib = float(match.group(2)) + float(match.group(3))
+        facts.kv_tokens = int(match.group("tokens"))
+        facts.kv_gib = float(match.group(4)) + float(match.group(5))
     elif match := _KV_MLA.search(message):
-        facts.kv_tokens = int(match.group(1))
-        facts.kv_gib = float(match.group(2))
+        facts.kv_tokens = int(match.group("tokens"))
+        facts.kv_gib = float(match.group(4))
+    if match:
+        facts.kv_dtype = match.group("dtype")
 
 
 def _read_weights(message: str, facts: LogFacts) -> None:
@@ -230,10 +253,17 @@ def _read_graph_and_pool(message: str, facts: LogFacts) -> None:
     if match := _POOL_END.search(message):
         if facts.pool_end_avail_gib is None:
             facts.pool_end_avail_gib = float(match.group(1))
-    elif match := _GRAPH_END.search(message):
+    elif match := _GRAPH_END_LEGACY.search(message):
         if facts.graph_gib is None:
             facts.graph_gib = float(match.group(1))
             facts.graph_end_avail_gib = float(match.group(2))
+    elif match := _GRAPH_END_NAMED.search(message):
+        # "target decode" / "target verify" are the target's decode graphs; the draft's and
+        # the prefill graphs have their own lines.
+        name = match.group("name")
+        if facts.graph_gib is None and name in ("target decode", "target verify"):
+            facts.graph_gib = float(match.group(2))
+            facts.graph_end_avail_gib = float(match.group(3))
 
 
 def _read_scheduler(message: str, facts: LogFacts) -> None:

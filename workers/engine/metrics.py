@@ -4,6 +4,12 @@ The engine exports ``sglang:num_running_reqs``; routers, some dashboards and
 ``/v1/loads?format=prometheus`` write ``sglang_num_running_reqs`` (github.com/sgl-project/sglang
 pull 12970). Samples are stored under the bare name (``num_running_reqs``), remembering the
 spelling they came with so evidence can cite the exact metric.
+
+The names and labels the fleet reads are the same in every release from 0.5.10.post1 to 0.5.23
+(``observability/metrics_collector.py``): the scheduler's gauges carry ``model_name``,
+``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (and ``dp_rank`` under DP);
+from 0.5.17 the per-request counters and ``e2e_request_latency_seconds`` also carry
+``is_streaming``, whose two series a total adds up like any other split.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ _SAMPLE = re.compile(
 )
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _PREFIXES = ("sglang:", "sglang_")
+# Every metric the fleet reads (bare names: gauges, then counters with their _total).
+FLEET_METRICS = (
+    "num_running_reqs", "num_queue_reqs", "num_used_tokens", "max_total_num_tokens",
+    "token_usage", "full_token_usage", "mamba_usage", "gen_throughput", "spec_accept_length",
+    "realtime_tokens_total", "prompt_tokens_total", "generation_tokens_total",
+    "num_requests_total", "cached_tokens_total",
+)
 
 
 @dataclass(frozen=True)

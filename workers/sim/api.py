@@ -14,6 +14,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from workers.sim.engine import SimRequest
+from workers.sim.formats import shape_loads, shape_server_info, sim_release
 from workers.sim.report import log
 from workers.sim.state import (
     SimState,
@@ -141,8 +142,8 @@ def internal_state(state: SimState) -> dict[str, Any]:
 
 
 def server_info(state: SimState) -> dict[str, Any]:
-    """The /server_info document."""
-    return {
+    """The /server_info document (in the played release's shape)."""
+    doc = {
         **state.server_args,
         "status": "ready",
         "max_total_num_tokens": state.plan.max_total_num_tokens,
@@ -150,6 +151,8 @@ def server_info(state: SimState) -> dict[str, Any]:
         "internal_states": [internal_state(state)],
         "version": state.version,
     }
+    return shape_server_info(doc, sim_release(state.version), state.speculative,
+                             state.started_at)
 
 
 def make_server_info(state: SimState, deprecated: str | None = None) -> Endpoint:
@@ -210,7 +213,7 @@ def load_entry(state: SimState) -> dict[str, Any]:
 def loads_document(state: SimState) -> dict[str, Any]:
     """The /v1/loads JSON document (``v1_loads._compute_aggregate`` for the aggregate)."""
     entry = load_entry(state)
-    return {
+    return shape_loads({
         "timestamp": datetime.now(timezone.utc).isoformat(),
         "version": state.version,
         "dp_rank_count": 1,
@@ -225,7 +228,7 @@ def loads_document(state: SimState) -> dict[str, Any]:
             "avg_throughput": entry["gen_throughput"],
             "avg_utilization": 0.0,
         },
-    }
+    }, sim_release(state.version))
 
 
 def loads_prometheus(entry: dict[str, Any]) -> str:

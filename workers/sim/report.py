@@ -122,11 +122,8 @@ class SimMetrics:
         )
         # TokenizerMetricsCollector's labels: model_name and engine_type.
         tok = {"model_name": model_name, "engine_type": "unified"}
-        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", tok)
-        self.generation_tokens = self._counter(
-            "generation_tokens", "Generated tokens (finished).", tok
-        )
-        self.num_requests = self._counter("num_requests", "Finished requests.", tok)
+        self._families: dict[str, Counter | Histogram] = {}
+        self._request_counters(tok)
         # Tokenizer-side, per finished request, by where the hit was found (device: GPU KV).
         self.cached_tokens = Counter(
             "sglang:cached_tokens",
@@ -135,17 +132,36 @@ class SimMetrics:
             registry=self.registry,
         )
         self.tok = tok
-        self.e2e = Histogram(
+
+    def _request_counters(self, labels: dict[str, str]) -> None:
+        """The per-request counters and latency histogram, labelled ``labels``."""
+        for family in self._families.values():
+            self.registry.unregister(family)
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens (finished).", labels)
+        self.generation_tokens = self._counter(
+            "generation_tokens", "Generated tokens (finished).", labels
+        )
+        self.num_requests = self._counter("num_requests", "Finished requests.", labels)
+        family = Histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end latency.",
-            list(tok),
+            list(labels),
             buckets=E2E_BUCKETS,
             registry=self.registry,
-        ).labels(**tok)
+        )
+        self._families["e2e"] = family
+        self.e2e = family.labels(**labels)
+
+    def use_release(self, streaming_label: bool) -> None:
+        """Label the request counters as the played release does, before any request: from
+        0.5.17 they carry ``is_streaming`` (``TokenizerMetricsCollector``; never streamed here)."""
+        if streaming_label:
+            self._request_counters({**self.tok, "is_streaming": "false"})
 
     def _counter(self, name: str, doc: str, labels: dict[str, str]) -> Counter:
         """A tokenizer-side counter (the labelled child)."""
         family = Counter(f"sglang:{name}", doc, list(labels), registry=self.registry)
+        self._families[name] = family
         return family.labels(**labels)
 
     def count_tokens(self, mode: str, tokens: int) -> None:

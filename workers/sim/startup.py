@@ -1,7 +1,8 @@
 """The simulated engine start: SGLang's startup log lines with the CapacityPlan's numbers.
 
 The sequence and f-strings are SGLang's (``model_runner.py``, ``memory_pool.py``,
-``cuda_graph_runner.py``, ``scheduler.py``). Only the elapsed times are the sim's own: the whole
+``cuda_graph_runner.py``, ``scheduler.py``), in the played release's words where they changed
+(:mod:`workers.sim.formats`). Only the elapsed times are the sim's own: the whole
 start takes FLEET_SIM_STARTUP_S real seconds (60 % "loading weights", 10 % pools, 25 % graphs).
 As in SGLang (``http_server.launch_server`` starts uvicorn only once the scheduler processes
 report ready), nothing listens on the port meanwhile: connections are refused, not answered 503.
@@ -13,6 +14,8 @@ import asyncio
 import time
 
 from workers.engine.capacity import mamba_breakdown_gib, resolved_mamba_strategy
+from workers.engine.releases import Traits
+from workers.sim.formats import graph_lines, kv_line, sim_release
 from workers.sim.report import log
 from workers.sim.state import SimState
 
@@ -37,6 +40,7 @@ def capture_batch_sizes(speculative: bool, max_bs: int, cap: int) -> list[int]:
 def warnings(state: SimState) -> list[str]:
     """Warnings ServerArgs prints while resolving the flags."""
     flags, lines = state.flags, []
+    release = sim_release(state.version)
     lines.append(
         f"workers.sim: simulated SGLang engine, no model loaded; caps and memory from "
         f"workers.engine.capacity, step times from the measured workload, speed x{state.speed:g}"
@@ -47,7 +51,8 @@ def warnings(state: SimState) -> list[str]:
             "this by explicitly setting --max-running-requests."
         )
     no_buffer = resolved_mamba_strategy(flags) == "no_buffer"
-    if state.shape.hybrid and no_buffer and not flags.disable_radix_cache:
+    if state.shape.hybrid and no_buffer and not flags.disable_radix_cache and \
+            release.overlap_off_line:
         if not flags.disable_overlap_schedule and not flags.speculative_algorithm:
             lines.append(
                 "Disabling overlap schedule since mamba no_buffer is not compatible with overlap "
@@ -58,7 +63,7 @@ def warnings(state: SimState) -> list[str]:
     return lines
 
 
-def pool_lines(state: SimState) -> list[str]:
+def pool_lines(state: SimState, release: Traits) -> list[str]:
     """The Mamba and KV pool allocation lines."""
     plan, mem, lines = state.plan, state.plan.memory_gib, []
     if state.shape.hybrid:
@@ -77,10 +82,8 @@ def pool_lines(state: SimState) -> list[str]:
             )
         lines.append(line)
     half = mem["kv"] / 2
-    lines.append(
-        f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, "
-        f"K size: {half:.2f} GB, V size: {half:.2f} GB"
-    )
+    lines.append(kv_line(release, plan.max_total_num_tokens, half, half,
+                         state.flags.kv_cache_dtype))
     return lines
 
 
@@ -101,22 +104,18 @@ async def _graphs(state: SimState, avail: float, startup_s: float, prefix: str) 
     if state.args.disable_cuda_graph:
         return avail
     plan = state.plan
-    log(
-        f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB",
-        prefix,
-    )
     sizes = capture_batch_sizes(
         state.speculative, plan.cuda_graph_max_bs, plan.max_running_requests
     )
-    log(f"Capture cuda graph bs {sizes}", prefix)
-    begin = time.monotonic()
+    graph, begin = plan.cuda_graph_gib, time.monotonic()
+    before, _ = graph_lines(sim_release(state.version), plan.num_draft_tokens, sizes, avail,
+                            graph, 0.0)
+    for line in before:
+        log(line, prefix)
     await asyncio.sleep(startup_s * GRAPH_SHARE)
-    graph = plan.cuda_graph_gib
-    log(
-        f"Capture cuda graph end. Time elapsed: {time.monotonic() - begin:.2f} s. "
-        f"mem usage={graph:.2f} GB. avail mem={avail - graph:.2f} GB.",
-        prefix,
-    )
+    _, after = graph_lines(sim_release(state.version), plan.num_draft_tokens, sizes, avail,
+                           graph, time.monotonic() - begin)
+    log(after, prefix)
     return avail - graph
 
 
@@ -124,6 +123,8 @@ async def run_startup(state: SimState, startup_s: float, prefix: str = "") -> No
     """Print the startup sequence over ``startup_s`` seconds (before the HTTP server exists)."""
     begin = time.monotonic()
     mem = state.plan.memory_gib
+    if state.metrics is not None:
+        state.metrics.use_release(sim_release(state.version).metric_is_streaming)
     for line in warnings(state):
         log(line, prefix)
     free = state.plan.free_before_weights_gib  # SGLang's `pre`: the GPU less the CUDA context
@@ -137,7 +138,7 @@ async def run_startup(state: SimState, startup_s: float, prefix: str = "") -> No
         prefix,
     )
     await asyncio.sleep(startup_s * POOL_SHARE)
-    for line in pool_lines(state):
+    for line in pool_lines(state, sim_release(state.version)):
         log(line, prefix)
     avail -= mem["mamba"] + mem["mamba_intermediate"] + mem["kv"]
     log(f"Memory pool end. avail mem={avail:.2f} GB", prefix)

@@ -30,7 +30,7 @@ from typing import Any
 from workers.engine import capacity
 from workers.engine.capacity import GIB, CapacityPlan, EngineFlags, ModelConfigError, ModelShape
 from workers.engine.log import LogFacts
-from workers.engine.versions import engine_version, supported_list, traits
+from workers.engine.versions import engine_version, traits, unknown_traits
 from workers.tune.readings import Reading
 
 
@@ -297,11 +297,8 @@ def calibrate(
 def _unread(version: str | None, log: LogFacts, model: MemoryModel) -> list[str]:
     """What the calibration could not read from this engine, and what it used instead."""
     out = []
-    if version is not None and traits(version) is None:
-        out.append(
-            f"server_info version {version}: not a supported SGLang release ({supported_list()}); "
-            "its log formats and pool arithmetic may differ from the ones used here"
-        )
+    if version is not None:  # a release newer than the known ones: what is assumed of it
+        out += [f"server_info version {version}: {line}" for line in unknown_traits(version)]
     out += [f"log line in a format this tuner does not know: {line!r}" for line in log.unread]
     names = {m.name for m in model.measured}
     if "kv_bytes_per_token" not in names:
