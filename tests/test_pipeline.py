@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 import redis
 
 from tests.conftest import run_producer, wait_done, write_prompts
@@ -61,6 +62,32 @@ def test_job_of_600_prompts_through_two_workers_verifies(fleet_env, make_workers
         assert first[key] is not None, key
     assert first["profile"] == "qwen36-27b"
     assert [row["index"] for row in rows] == list(range(600))
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.24"])
+def test_a_job_runs_on_a_current_release_and_its_cap_is_read(fleet_env, make_workers, tmp_path,
+                                                             r, version):
+    """The engine plays 0.5.23's formats (issue #21), or a release newer than any known, which
+    the worker starts with one warning: the job completes and the cap comes from /v1/loads."""
+    (worker,) = make_workers([0], FLEET_SIM_SGLANG_VERSION=version)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 40)
+    res = run_producer(fleet_env, "enqueue", str(prompts), "--job", "rel", "--batch-size", "20",
+                       "--max-new-tokens", "40")
+    assert res.returncode == 0, res.stderr
+    st = wait_done(fleet_env, "rel")
+    assert st["completed"] == 40 and st["failed"] == 0
+    report = orjson.loads(run_producer(fleet_env, "verify", "--job", "rel", "--json").stdout)
+    assert report["ok"] and report["rows"] == 40
+    deadline = time.monotonic() + 20
+    while read_heartbeats(r)[0].get("cap") != 40:  # 200 Mamba slots // R = 5 (the profile)
+        assert time.monotonic() < deadline, read_heartbeats(r)
+        time.sleep(0.2)
+    engine_log = (Path(fleet_env["FLEET_LOG_DIR"]) / "engine-gpu0.log").read_text()
+    assert "KV Cache is allocated. dtype: torch.bfloat16, #tokens: " in engine_log
+    assert "Capture target verify CUDA graph end. bs=[" in engine_log
+    worker_log = worker.log_path.read_text()
+    warned = [line for line in worker_log.splitlines() if "newer than" in line]
+    assert len(warned) == (version == "0.5.24") and "does not support" not in worker_log
 
 
 def test_enqueue_twice_enqueues_nothing_the_second_time(fleet_env, tmp_path, r):
