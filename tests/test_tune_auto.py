@@ -63,8 +63,9 @@ class _Canary:
     """The two things a trial asks of a fleet, for one engine whose rate depends on its
     profile: relaunch (recorded) and a measurement window (the engine's counter, full)."""
 
-    def __init__(self, rates: dict[str, float]) -> None:
+    def __init__(self, rates: dict[str, float], full_share: float = 1.0) -> None:
         self.rates, self.profile, self.launched = rates, "old", []
+        self.full_share = full_share
 
     def relaunch(self, node: str, profile) -> None:
         self.profile = profile.name
@@ -78,8 +79,9 @@ class _Canary:
 
     def measure(self, node: str, window_s: float) -> Measurement:
         rate = self.rates[self.profile]
+        share = 1.0 if self.profile == "old" else self.full_share
         return Measurement(rate, window_s, "engine sglang:realtime_tokens_total{mode=decode}",
-                           rate, 1.0)
+                           rate, share)
 
 
 def test_a_relaunch_that_measures_worse_is_reported_and_rolled_back():
@@ -91,9 +93,15 @@ def test_a_relaunch_that_measures_worse_is_reported_and_rolled_back():
     assert not trial.kept and worse.launched == ["new", "old"] and worse.profile == "old"
     assert (trial.before_tok_s, trial.after_tok_s) == (432.0, 400.0)
     assert "rolled back" in trial.reason and trial.measured["saturated_share"] == 1.0
+    assert trial.measured["steady"] and "steady state" not in trial.reason
     better = _Canary({"old": 432.0, "new": 700.0})
     kept = run_trial(better, "gpu0@h200", old, new, timing)
     assert kept.kept and better.launched == ["new"] and "x1.62" in kept.reason
+    # A new cap the client never filled: the trial says its figure is not at steady state.
+    unfilled = _Canary({"old": 432.0, "new": 700.0}, full_share=0.1)
+    loose = run_trial(unfilled, "gpu0@h200", old, new, timing)
+    assert loose.kept and not loose.measured["steady"]
+    assert "not at steady state" in loose.reason and "10%" in loose.reason
 
 
 def test_auto_lifts_baseline_throughput_175x_and_loses_no_prompt(

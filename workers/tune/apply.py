@@ -99,11 +99,18 @@ def run_trial(
         switch(fleet, node, old, timing)
         return Trial(node, old.name, new.name, before, None, False, f"failed: {exc}")
     after = measured.rate
+    # Say when the new profile was never measured at its cap (the client kept fewer in flight).
+    unsteady = "" if measured.steady else (
+        f" (engine full for {measured.saturated_share:.0%} of the window: not at steady "
+        f"state, whole-window rate compared)"
+    )
     if is_better(before, after, min_gain):
-        reason = f"{after:.0f} vs {before:.0f} tok/s (x{after / before:.2f})"
+        reason = f"{after:.0f} vs {before:.0f} tok/s (x{after / before:.2f}){unsteady}"
         return Trial(node, old.name, new.name, before, after, True, reason, measured.to_json())
     switch(fleet, node, old, timing)
-    reason = f"{after:.0f} vs {before:.0f} tok/s: below the {min_gain:.0%} bar, rolled back"
+    reason = (
+        f"{after:.0f} vs {before:.0f} tok/s: below the {min_gain:.0%} bar, rolled back{unsteady}"
+    )
     return Trial(node, old.name, new.name, before, after, False, reason, measured.to_json())
 
 

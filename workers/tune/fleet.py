@@ -83,14 +83,18 @@ class Measurement:
             "saturated_share": round(self.saturated_share, 2),
             "window_s": round(self.window_s, 1),
             "source": self.source,
+            "steady": self.steady,
         }
+
+    @property
+    def steady(self) -> bool:
+        """Whether the engine was full (queue, or at its cap) for long enough of the window."""
+        return self.saturated_tok_s is not None and self.saturated_share >= MIN_SATURATED_SHARE
 
     @property
     def rate(self) -> float:
         """The rate trials compare: saturated when the engine was full long enough."""
-        if self.saturated_tok_s is not None and self.saturated_share >= MIN_SATURATED_SHARE:
-            return self.saturated_tok_s
-        return self.tok_s
+        return self.saturated_tok_s if self.steady and self.saturated_tok_s else self.tok_s
 
 
 class ProfileBook:
