@@ -27,6 +27,8 @@ How :mod:`workers.engine.capacity` uses the arithmetic traits (names as in :clas
 - ``lazy_extra_buffer``: ``extra_buffer_lazy`` exists (R = 3 + 1 with overlap).
 - ``mm_kv_reserve_mib``: taken from the KV budget of a multimodal model before sizing
   (``SGLANG_VLM_CACHE_SIZE_MB``).
+- ``skip_decode_lock_env``: ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1`` (default off) lowers R by
+  one (extra_buffer 5 -> 4, lazy 4 -> 3; no_buffer stays 3: base 2 plus one).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Traits:
     mamba_pool_padding: bool = False
     lazy_extra_buffer: bool = False
     mm_kv_reserve_mib: int = 0
+    skip_decode_lock_env: bool = False  # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 lowers R by 1
     # --- flags -----------------------------------------------------------------------------
     mamba_strategy_flag: str = "mamba-scheduler-strategy"
     removed_flags: dict[str, str] = field(default_factory=dict)
@@ -141,6 +144,8 @@ CHANGES: tuple[Change, ...] = (
            "mem_cache/kv_cache_configurator.py::_handle_max_mamba_cache"),
     Change("0.5.17", "mamba_pool_padding", True,
            "mem_cache/kv_cache_configurator.py::_handle_max_mamba_cache"),
+    Change("0.5.17", "skip_decode_lock_env", True,
+           "mem_cache/kv_cache_configurator.py::_calculate_mamba_ratio"),
     Change("0.5.18", "mm_kv_reserve_mib", 100,
            "mem_cache/kv_cache_configurator.py::mm_runtime_reservation_gb"),
     Change("0.5.20", "removed_flags", RENAMED_0_5_20, "arg_groups/fields/exec_.py"),
@@ -172,7 +177,7 @@ _PINS: dict[str, tuple[str, str, str, str]] = {
 # arithmetic, which no log line confirms by itself (formats are checked line by line).
 ARITHMETIC = ("kv_configurator", "spec_v2_default", "spec_v2_env", "explicit_cap_rule",
               "mamba_auto_strategy", "spec_reservation", "mamba_pool_padding",
-              "lazy_extra_buffer", "mm_kv_reserve_mib")
+              "lazy_extra_buffer", "mm_kv_reserve_mib", "skip_decode_lock_env")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?")
 
 
