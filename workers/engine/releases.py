@@ -27,6 +27,10 @@ How :mod:`workers.engine.capacity` uses the arithmetic traits (names as in :clas
 - ``lazy_extra_buffer``: ``extra_buffer_lazy`` exists (R = 3 + 1 with overlap).
 - ``mm_kv_reserve_mib``: taken from the KV budget of a multimodal model before sizing
   (``SGLANG_VLM_CACHE_SIZE_MB``).
+- ``mem_fraction_spec_reserve_mib``: added to ``reserved_mem`` of an unset
+  ``--mem-fraction-static`` with EAGLE/MTP (``_handle_gpu_memory_settings``; 0 from 0.5.14);
+  ``small_gpu_defaults``: (chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4) on a
+  GPU of 20-35 GiB.
 - ``skip_decode_lock_env``: ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1`` (default off) lowers R by
   one (extra_buffer 5 -> 4, lazy 4 -> 3; no_buffer stays 3: base 2 plus one).
 """
@@ -88,6 +92,10 @@ class Traits:
     lazy_extra_buffer: bool = False
     mm_kv_reserve_mib: int = 0
     skip_decode_lock_env: bool = False  # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 lowers R by 1
+    # An unset --mem-fraction-static reserves this much more with EAGLE/MTP (6 GiB STANDALONE).
+    mem_fraction_spec_reserve_mib: int = 4096
+    # Defaults on a 20-35 GiB GPU: chunked prefill, graph max bs at tp < 4 and at tp >= 4.
+    small_gpu_defaults: tuple[int, int, int] = (2048, 24, 80)
     # --- flags -----------------------------------------------------------------------------
     mamba_strategy_flag: str = "mamba-scheduler-strategy"
     removed_flags: dict[str, str] = field(default_factory=dict)
@@ -128,6 +136,8 @@ CHANGES: tuple[Change, ...] = (
     Change("0.5.14", "spec_v2_env", False, "arg_groups/speculative_hook.py"),
     Change("0.5.14", "graph_line", "named", "model_executor/model_runner.py::init_device_graphs"),
     Change("0.5.14", "graph_bs_line", False, "model_executor/model_runner.py::init_device_graphs"),
+    Change("0.5.14", "mem_fraction_spec_reserve_mib", 0,
+           "server_args.py::_handle_gpu_memory_settings"),
     Change("0.5.14", "mamba_strategy_flag", "mamba-radix-cache-strategy",
            "server_args.py::add_cli_args"),
     Change("0.5.16", "kv_configurator", "mem_cache/kv_cache_configurator.py",
@@ -149,6 +159,8 @@ CHANGES: tuple[Change, ...] = (
     Change("0.5.18", "mm_kv_reserve_mib", 100,
            "mem_cache/kv_cache_configurator.py::mm_runtime_reservation_gb"),
     Change("0.5.20", "removed_flags", RENAMED_0_5_20, "arg_groups/fields/exec_.py"),
+    Change("0.5.20", "small_gpu_defaults", (4096, 48, 160),
+           "arg_groups/memory_hook.py::handle_gpu_memory_settings"),
     Change("0.5.22", "graph_line", "named_bs_end",
            "model_executor/model_runner_components/cuda_graph_setup.py"),
 )
@@ -177,7 +189,8 @@ _PINS: dict[str, tuple[str, str, str, str]] = {
 # arithmetic, which no log line confirms by itself (formats are checked line by line).
 ARITHMETIC = ("kv_configurator", "spec_v2_default", "spec_v2_env", "explicit_cap_rule",
               "mamba_auto_strategy", "spec_reservation", "mamba_pool_padding",
-              "lazy_extra_buffer", "mm_kv_reserve_mib", "skip_decode_lock_env")
+              "lazy_extra_buffer", "mm_kv_reserve_mib", "skip_decode_lock_env",
+              "mem_fraction_spec_reserve_mib", "small_gpu_defaults")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?")
 
 
