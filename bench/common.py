@@ -289,7 +289,8 @@ def local_fleet(prefix: str, **env: str) -> Iterator[Fleet]:
         "FLEET_SIM_STARTUP_S": "0.2",
         "FLEET_SIM_SEED": "1",
         "FLEET_SINK_AUTO": "false",
-        "PYTHONPATH": str(ROOT),
+        # Ours first, then whatever the caller had (a GPU node's SGLang site, say).
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
         **env,
     })
     fleet = Fleet(workdir=workdir, redis_server=server, base_env=base)

@@ -54,14 +54,16 @@ WORKLOAD_SIGMA = 0.8
 
 def write_prompts(path: Path, n: int, mean_tokens: float, sigma: float, cap: int,
                   seed: int) -> Path:
-    """``n`` chat rows, each with a seeded ``max_tokens`` from a log-normal of this mean."""
+    """``n`` OpenAI-batch chat rows, each with a seeded ``max_tokens`` from a log-normal."""
     rng = random.Random(seed)
     mu = math.log(mean_tokens) - sigma * sigma / 2
     with path.open("w") as fh:
         for i in range(n):
             tokens = max(1, min(cap, round(rng.lognormvariate(mu, sigma))))
-            row = {"id": f"gc-{i}", "max_tokens": tokens,
-                   "messages": [{"role": "user", "content": f"Explain idea {i} step by step."}]}
+            # OpenAI-batch lines: the form whose per-row max_tokens enqueue honours.
+            row = {"custom_id": f"gc-{i}", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"max_tokens": tokens, "messages": [
+                       {"role": "user", "content": f"Explain idea {i} step by step."}]}}
             fh.write(json.dumps(row) + "\n")
     return path
 
@@ -204,8 +206,12 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
         if not args.tune_auto:
             return {}
         time.sleep(10)  # the queue fills the engine before the baseline window
-        return {"diagnose_before": diagnose(fleet, 0), **tune_auto(fleet, args.tune_window_s),
-                "diagnose_after": diagnose(fleet, 0)}
+        tune = summary["tune"] = {"diagnose_before": diagnose(fleet, 0)}
+        result.write_text(json.dumps(summary, indent=2) + "\n")
+        tune.update(tune_auto(fleet, args.tune_window_s))
+        result.write_text(json.dumps(summary, indent=2) + "\n")
+        tune["diagnose_after"] = diagnose(fleet, 0)
+        return {}
 
     job = run_fleet_job(fleet, urls, caps, prompts, args.prompts, f"gc-{stamp}",
                         args.batch_size, args.max_new_tokens, args.job_timeout_s, during)

@@ -104,6 +104,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
 
 def chat_body(row: dict[str, Any], max_new_tokens: int) -> bytes:
     """The /v1/chat/completions body of one prompt row."""
+    row = row.get("body") or row  # an OpenAI-batch line carries its request in "body"
     messages = row.get("messages") or [{"role": "user", "content": row.get("prompt", "")}]
     # A row's own max_tokens applies under the ceiling, as the fleet's --max-new-tokens does.
     tokens = min(int(row.get("max_tokens") or max_new_tokens), max_new_tokens)

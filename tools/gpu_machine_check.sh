@@ -10,11 +10,11 @@
 #                                               # --out $OUT/gpu-check (packed as one tarball)
 #   tools/gpu_machine_check.sh fetch TARBALL    # here: unpack what came back into bench/results/
 #
-# REAL_SGLANG_KIT names the kit's folder (default ../shared/real-sglang); GPU_KIT the payload
+# REAL_SGLANG_KIT names the real-SGLang kit's folder (required for build); GPU_KIT the payload
 # folder (default .gpu). A GPU node with network needs none of this: `make gpu-check`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KIT_SRC=${REAL_SGLANG_KIT:-../shared/real-sglang}
+KIT_SRC=${REAL_SGLANG_KIT:-}
 export GPU_KIT=${GPU_KIT:-.gpu}
 # What the worker's node needs of requirements.lock: no test tools, no S3 client (the check's
 # store is a local folder; workers/dataset/store.py imports boto3 only for s3:// URLs).
@@ -26,6 +26,7 @@ SKIP_DEFAULT="playwright moto ruff pytest pytest-timeout cfn-lint docker respons
 
 case "${1:-}" in
   build)
+    [ -n "$KIT_SRC" ] || { echo "set REAL_SGLANG_KIT to the real-SGLang kit's folder" >&2; exit 2; }
     bash "$KIT_SRC/setup.sh"
     SKIP=${SKIP:-$SKIP_DEFAULT} bash "$GPU_KIT/scripts/add_requirements.sh" requirements.lock
     bash "$GPU_KIT/scripts/add_redis.sh"
