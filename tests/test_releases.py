@@ -18,6 +18,7 @@ from workers.engine.releases import (
     ARITHMETIC,
     KNOWN,
     NEWEST,
+    RENAMED_0_5_20,
     engine_flags,
     source,
     status,
@@ -157,3 +158,23 @@ def test_flags_a_release_no_longer_takes_are_renamed() -> None:
     assert engine_flags("0.5.20", flags) == {
         "mamba-radix-cache-strategy": "extra_buffer", "cuda-graph-backend-prefill": "disabled",
         "cuda-graph-max-bs-decode": 64, "tp-size": 1}
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_0_5_20))
+def test_the_engine_is_launched_with_the_installed_releases_flag_names(old: str) -> None:
+    """Every flag 0.5.20 renamed reaches a 0.5.20+ engine under its new name, and 0.5.11 keeps
+    the old one (the argv a worker spawns, not only the rename table)."""
+    from unittest import mock
+
+    from config.launch_profile import LaunchProfile
+    from workers.engine import lifecycle
+
+    value: object = True if old.startswith(("disable", "enforce")) else 64
+    profile = LaunchProfile(name="p", flags={"model-path": "m", old: value})
+    spec = lifecycle.EngineSpec(kind="sglang", profile=profile, gpu=0, host="127.0.0.1",
+                                port=1, log_path=Path("/tmp/unused.log"))
+    new = RENAMED_0_5_20[old].partition("=")[0]
+    for version, present, absent in (("0.5.23", new, old), ("0.5.11", old, new)):
+        with mock.patch.object(lifecycle, "installed_version", return_value=version):
+            argv = spec.argv()
+        assert f"--{present}" in argv and f"--{absent}" not in argv, (version, argv)

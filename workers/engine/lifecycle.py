@@ -31,7 +31,8 @@ from pathlib import Path
 import httpx
 
 from config.launch_profile import FlagValue, LaunchProfile
-from workers.engine.versions import UnsupportedVersion, require_supported_engine
+from workers.engine.releases import engine_flags
+from workers.engine.versions import UnsupportedVersion, installed_version, require_supported_engine
 from workers.errors import EngineStartFailed
 
 log = logging.getLogger(__name__)
@@ -156,9 +157,13 @@ class EngineSpec:
     def argv(self) -> list[str]:
         """The engine's command line (what runs inside the guard)."""
         module = ENGINE_MODULES[self.kind]
+        profile = self.launch_profile()
+        version = installed_version() if self.kind == "sglang" else None
+        if version:  # a flag the installed release renamed goes under its new name
+            profile = profile.model_copy(update={"flags": engine_flags(version, profile.flags)})
         return [
             sys.executable, "-m", module,
-            *self.launch_profile().to_argv(),
+            *profile.to_argv(),
             "--host", self.host, "--port", str(self.port),
         ]
 
