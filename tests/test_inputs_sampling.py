@@ -22,10 +22,10 @@ from workers.engine.sampling import (
     SAMPLING_PARAMS,
     SamplingError,
     job_params,
-    sampling_for,
     translate,
 )
 from workers.errors import InputError
+from workers.prompt_sampling import sampling_for
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:

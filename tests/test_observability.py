@@ -33,11 +33,12 @@ from workers.context import WorkerIdentity
 from workers.dataset.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.dataset.store import open_store
 from workers.delivery import jobstate
+from workers.delivery.jobstate import node_prompts_key
 from workers.delivery.progress import BatchEnv, ProgressRecorder
 from workers.engine.lifecycle import EngineState
 from workers.events import BATCH_TASK, TaskProgress, format_task, worker_info
 from workers.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
-from workers.metrics import Exporter, FleetCollector, node_prompts_key, record_batch
+from workers.metrics import Exporter, FleetCollector, record_batch
 from workers.sim.report import SimMetrics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,9 +40,9 @@ from workers.delivery.progress import (
     result_row,
 )
 from workers.engine.client import Completion, EngineClient
-from workers.engine.sampling import sampling_for
 from workers.errors import EngineError, EngineUnavailable, PromptRejected, StoreError
 from workers.limiter import Limiter
+from workers.prompt_sampling import sampling_for
 from workers.retry import RetryPolicy, backoff_s
 
 log = logging.getLogger(__name__)

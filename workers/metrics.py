@@ -80,11 +80,6 @@ class WatchView(Protocol):
     tokens_per_sec: float
 
 
-def node_prompts_key(node: str) -> str:
-    """Redis hash of a worker's finished prompts by kind."""
-    return f"{jobstate.node_stats_key(node)}:prompts"
-
-
 def batch_seconds_key(node: str) -> str:
     """Redis hash holding a worker's batch-duration histogram."""
     return f"{jobstate.node_stats_key(node)}:batch_seconds"
@@ -123,7 +118,7 @@ class FleetCollector(Collector):
     def _counters(self) -> Iterator[Metric]:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(jobstate.node_stats_key(self.node))
-        pipe.hgetall(node_prompts_key(self.node))
+        pipe.hgetall(jobstate.node_prompts_key(self.node))
         pipe.hgetall(batch_seconds_key(self.node))
         stats, prompts, batches = (_hash(raw) for raw in pipe.execute())
         tokens = CounterMetricFamily("fleet_output_tokens", "Output tokens generated (each "

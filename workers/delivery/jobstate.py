@@ -185,6 +185,11 @@ def node_stats_key(node: str) -> str:
     return f"fleet:node:{node}"
 
 
+def node_prompts_key(node: str) -> str:
+    """Redis hash of a worker's finished prompts by kind."""
+    return f"{node_stats_key(node)}:prompts"
+
+
 def in_flight_key(node: str) -> str:
     """Hash of a worker's requests in flight, one field per running batch."""
     return f"fleet:node:{node}:in_flight"

@@ -24,7 +24,6 @@ from workers.delivery import jobstate
 from workers.delivery.ownership import LostOwnership
 from workers.engine.client import Completion
 from workers.errors import StoreError
-from workers.metrics import node_prompts_key
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +210,7 @@ class ProgressRecorder:
         async with self._env.redis.pipeline(transaction=False) as pipe:
             for kind, n in fresh.items():
                 if n:
-                    pipe.hincrby(node_prompts_key(self._env.me.node), kind, n)
+                    pipe.hincrby(jobstate.node_prompts_key(self._env.me.node), kind, n)
             await pipe.execute()
 
     async def run_flusher(self) -> None:

@@ -13,24 +13,15 @@ accepts) with the type each value must have, and ``RANGES`` the bounds ``verify(
 ``srt/entrypoints/openai/protocol.py``; ``to_sampling_params`` maps ``seed`` to
 ``sampling_seed``, ``max_completion_tokens or max_tokens`` to ``max_new_tokens`` and
 ``min_tokens`` to ``min_new_tokens``). Staged rows keep their own (OpenAI or SGLang) names;
-:func:`sampling_for` translates them for the route a request takes.
-
-Precedence: a row's own parameters override the job's (``--sampling``, ``--temperature``,
-...), except the length: ``--max-new-tokens`` is a ceiling, so a row's OpenAI ``max_tokens`` /
-``max_completion_tokens`` applies only when it is lower. A row's ``max_new_tokens`` (SGLang's
-own name, what ``requeue-failed --max-new-tokens`` writes) replaces the ceiling for that row.
+:func:`translate` and :func:`route_fields` put them in the fields of the route a request takes
+(the job's options merged with the row's: :mod:`workers.prompt_sampling`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from workers.engine.client import Sampling
-
-if TYPE_CHECKING:
-    from workers.dataset.jobs import JobSpec, PromptRow
+from typing import Any
 
 
 def _int(v: Any) -> bool:
@@ -292,7 +283,7 @@ def job_params(items: list[str]) -> dict[str, Any]:
     return t.sampling
 
 
-def _route_fields(t: Translated, chat: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def route_fields(t: Translated, chat: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(request fields beside the three named ones, /generate top-level fields)."""
     if not chat:
         return t.sampling, t.logprobs or None
@@ -302,31 +293,3 @@ def _route_fields(t: Translated, chat: bool) -> tuple[dict[str, Any], dict[str, 
     if "top_logprobs_num" in t.logprobs:
         body["top_logprobs"] = t.logprobs["top_logprobs_num"]
     return {**body, **t.chat}, None
-
-
-def _ceiling(row: int | None, job: int | None) -> int | None:
-    """``--max-new-tokens`` caps a row's own max_tokens."""
-    return job if row is None else row if job is None else min(row, job)
-
-
-def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
-    """What the engine gets for ``row``: job options with the row's own on top (see above)."""
-    js = spec.sampling
-    chat = row.messages is not None or js.chat
-    own = translate(row.params, chat, lenient=True)
-    job = translate(js.params, chat, lenient=True).sampling
-    for name in ("temperature", "top_p"):
-        if getattr(js, name) is not None:
-            job[name] = getattr(js, name)
-    merged = {**job, **own.sampling}
-    max_new = merged.pop("max_new_tokens", None)
-    if "max_new_tokens" not in row.params:  # OpenAI's names are capped by the job's
-        max_new = _ceiling(max_new, js.max_new_tokens)
-    temperature, top_p = merged.pop("temperature", None), merged.pop("top_p", None)
-    kwargs = {**(js.chat_template_kwargs or {}), **(own.chat.get("chat_template_kwargs") or {})}
-    if chat and kwargs:
-        own.chat["chat_template_kwargs"] = kwargs
-    extra, request = _route_fields(Translated(merged, own.logprobs, own.chat), chat)
-    return Sampling(max_new_tokens=max_new, temperature=temperature, top_p=top_p,
-                    extra=extra or None, request=request, chat=js.chat,
-                    system_prompt=js.system_prompt if chat else None)

@@ -1,0 +1,42 @@
+"""What the engine gets for one prompt: the job's sampling options with the row's own on top.
+
+Precedence: a row's own parameters override the job's (``--sampling``, ``--temperature``,
+...), except the length: ``--max-new-tokens`` is a ceiling, so a row's OpenAI ``max_tokens`` /
+``max_completion_tokens`` applies only when it is lower. A row's ``max_new_tokens`` (SGLang's
+own name, what ``requeue-failed --max-new-tokens`` writes) replaces the ceiling for that row.
+What SGLang accepts and how OpenAI's names map onto it is :mod:`workers.engine.sampling`.
+"""
+
+from __future__ import annotations
+
+from workers.dataset.jobs import JobSpec, PromptRow
+from workers.engine.client import Sampling
+from workers.engine.sampling import Translated, route_fields, translate
+
+
+def _ceiling(row: int | None, job: int | None) -> int | None:
+    """``--max-new-tokens`` caps a row's own max_tokens."""
+    return job if row is None else row if job is None else min(row, job)
+
+
+def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
+    """What the engine gets for ``row``: job options with the row's own on top (see above)."""
+    js = spec.sampling
+    chat = row.messages is not None or js.chat
+    own = translate(row.params, chat, lenient=True)
+    job = translate(js.params, chat, lenient=True).sampling
+    for name in ("temperature", "top_p"):
+        if getattr(js, name) is not None:
+            job[name] = getattr(js, name)
+    merged = {**job, **own.sampling}
+    max_new = merged.pop("max_new_tokens", None)
+    if "max_new_tokens" not in row.params:  # OpenAI's names are capped by the job's
+        max_new = _ceiling(max_new, js.max_new_tokens)
+    temperature, top_p = merged.pop("temperature", None), merged.pop("top_p", None)
+    kwargs = {**(js.chat_template_kwargs or {}), **(own.chat.get("chat_template_kwargs") or {})}
+    if chat and kwargs:
+        own.chat["chat_template_kwargs"] = kwargs
+    extra, request = route_fields(Translated(merged, own.logprobs, own.chat), chat)
+    return Sampling(max_new_tokens=max_new, temperature=temperature, top_p=top_p,
+                    extra=extra or None, request=request, chat=js.chat,
+                    system_prompt=js.system_prompt if chat else None)
