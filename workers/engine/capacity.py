@@ -1,4 +1,4 @@
-"""SGLang 0.5.10/0.5.11 memory pools and running cap, as pure functions of a model's shape.
+"""SGLang's memory pools and running cap, as pure functions of a model's shape and release.
 
 The shape comes from the model's own config.json (:mod:`workers.engine.model_config`), the flag
 resolution from :mod:`workers.engine.server_args`; this module is
@@ -17,7 +17,10 @@ resolution from :mod:`workers.engine.server_args`; this module is
    (``DefaultPoolConfigurator``; the SWA split of ``HybridSWAPoolConfigurator``), capped by
    ``--max-total-tokens``; the cap by ``_resolve_max_num_reqs``.
 
-Checked against real SGLang 0.5.11 on one H200 (tests/test_real_pools.py): the caps exactly, the
+Written from 0.5.11; the release in ``EngineFlags.sglang_version`` picks, per step, the
+arithmetic its wheel has (:mod:`workers.engine.releases`; each branch below names the release
+and function it was read from). Checked against real SGLang 0.5.11 on one H200
+(tests/test_real_pools.py; the other releases only from their source): the caps exactly, the
 KV tokens within 0.08 % from the config alone and within 0.05 % from the logged ``avail mem``,
 for eight launches (dense, hybrid, MoE hybrid, fp8 KV) and one refusal.
 Not modelled: DP attention, pipeline parallelism; tensor parallelism splits weights, KV heads
@@ -48,6 +51,7 @@ from workers.engine.server_args import (  # noqa: F401  (re-exported for callers
     num_draft_tokens,
     overlap_schedule,
     parse_human_int,
+    release,
     reserved_mib,
     resolved_mamba_strategy,
     speculative,
@@ -117,8 +121,52 @@ def handle_max_mamba_cache(
 ) -> tuple[float, int]:
     """Reserve speculative states and Mamba slots; return (GiB left for KV, slot count).
 
-    Mirrors ``model_runner_kv_cache_mixin.py::handle_max_mamba_cache`` (0.5.10 and 0.5.11 alike).
+    ``spec_reservation`` of the release (``handle_max_mamba_cache``):
+
+    - ``cli_cap`` (0.5.10-0.5.12, ``model_runner_kv_cache_mixin.py``): ``per_slot * cli_cap *
+      D`` first, then the slots from what is left;
+    - ``capped`` (0.5.13-0.5.16, the same file; ``mem_cache/kv_cache_configurator.py::
+      _handle_max_mamba_cache`` from 0.5.16): an automatic budget is split jointly, ``slots =
+      budget // (per_slot * (1 + D / R))``, and ``min(cli_cap, slots // R) * D`` states kept;
+    - ``capped_plus_one`` (0.5.17 on, ``kv_cache_configurator.py``): the same for one request
+      more, the budget less ``per_slot * (1 + D)`` first, and (``mamba_pool_padding``) the
+      padding slot charged: ``slots = (budget - per_slot) // per_slot`` without speculation,
+      ``(slots + 1) * per_slot`` taken from the rest.
     """
+    found = release(flags)
+    if found.spec_reservation == "cli_cap":
+        return _reserve_for_cli_cap(rest_gib, per_slot, flags, cli_cap)
+    plus = 1 if found.spec_reservation == "capped_plus_one" else 0
+    spec = speculative(flags) and cli_cap is not None
+    draft = num_draft_tokens(flags)
+    pad = 1 if found.mamba_pool_padding else 0
+    ratio_r = mamba_ratio(flags)
+    if flags.max_mamba_cache_size is not None:
+        slots = flags.max_mamba_cache_size
+        if spec:
+            capped = min(cli_cap, slots // ratio_r)  # type: ignore[type-var]
+            rest_gib -= per_slot * (capped + plus) * draft / GIB
+    elif flags.disable_radix_cache and cli_cap is not None:
+        slots = cli_cap
+        if spec:
+            rest_gib -= per_slot * (slots + plus) * draft / GIB
+    else:
+        full = flags.mamba_full_memory_ratio
+        budget = rest_gib * full / (1 + full) * GIB
+        if spec:
+            slots = int((budget - plus * per_slot * (1 + draft))
+                        // (per_slot * (1 + draft / ratio_r)))
+            capped = min(cli_cap, slots // ratio_r)  # type: ignore[type-var]
+            rest_gib -= per_slot * (capped + plus) * draft / GIB
+        else:
+            slots = int((budget - pad * per_slot) // per_slot)
+    return rest_gib - (slots + pad) * per_slot / GIB, slots
+
+
+def _reserve_for_cli_cap(
+    rest_gib: float, per_slot: float, flags: EngineFlags, cli_cap: int | None
+) -> tuple[float, int]:
+    """0.5.10-0.5.12 ``handle_max_mamba_cache``: the pre-cap ``cli_cap`` states, then slots."""
     if speculative(flags) and cli_cap is not None:
         rest_gib -= per_slot * cli_cap * num_draft_tokens(flags) / GIB
     if flags.max_mamba_cache_size is not None:
@@ -132,11 +180,20 @@ def handle_max_mamba_cache(
 
 
 def resolve_max_num_reqs(
-    max_total_tokens: int, context_len: int, cli_cap: int | None, slots: int, ratio: int | None
+    max_total_tokens: int, context_len: int, cli_cap: int | None, slots: int, ratio: int | None,
+    rule: str = "min_estimated",
 ) -> int:
-    """Effective running cap (``model_runner_kv_cache_mixin.py::_resolve_max_num_reqs``)."""
+    """Effective running cap (``model_runner_kv_cache_mixin.py::_resolve_max_num_reqs``).
+
+    ``rule`` is the release's ``explicit_cap_rule``: an explicit cap is limited to
+    ``clamp(tokens / context_len * 512, 2048, 4096)`` through 0.5.13 (``min_estimated``) and
+    to ``tokens // 2`` from 0.5.14 (``min_half_tokens``; ``kv_cache_configurator.py::
+    resolve_max_num_reqs`` from 0.5.16).
+    """
     estimated = min(max(int(max_total_tokens / context_len * 512), 2048), 4096)
-    if cli_cap is not None:
+    if cli_cap is not None and rule == "min_half_tokens":
+        cap = min(cli_cap, max_total_tokens // 2)
+    elif cli_cap is not None:
         cap = min(cli_cap, estimated)
     else:
         cap = min(estimated, max_total_tokens // 2)
@@ -172,6 +229,8 @@ class CapacityPlan:
     cuda_graph_gib: float = 0.0
     # Step 1's ``pre``: what ``Load weight begin. avail mem=`` prints.
     free_before_weights_gib: float = 0.0
+    # The SGLang release whose arithmetic sized this plan.
+    sglang_version: str = ""
 
 
 def draft_gib(shape: ModelShape, flags: EngineFlags, tokens: int) -> tuple[float, float]:
@@ -257,6 +316,10 @@ def plan_capacity(
         pre = max(0.0, total_gib - STARTUP_USED_GIB)
     post = pre - shape.pre_load_gib - (shape.weights_gib + shape.unexplained_gib) / flags.tp_size
     rest = post - pre * (1 - fraction)
+    found = release(flags)
+    if shape.multimodal and found.mm_kv_reserve_mib:
+        # 0.5.18 kv_cache_configurator.py::mm_runtime_reservation_gb (SGLANG_VLM_CACHE_SIZE_MB).
+        rest -= found.mm_kv_reserve_mib / MIB_PER_GIB
     cli_cap = cli_max_running_requests(flags)
     slots, ratio = 0, None
     if shape.hybrid:
@@ -267,7 +330,8 @@ def plan_capacity(
             raise RuntimeError(NOT_ENOUGH)
     tokens = _kv_tokens(int(rest * GIB), shape, flags)
     context_len = flags.context_length or shape.context_length
-    cap = resolve_max_num_reqs(tokens, context_len, cli_cap, slots, ratio)
+    cap = resolve_max_num_reqs(tokens, context_len, cli_cap, slots, ratio,
+                               found.explicit_cap_rule)
     if cap <= 0:
         raise RuntimeError(f"max_running_requests resolves to {cap} (Mamba slots {slots} < R).")
     memory = _memory_map(shape, flags, total_gib, pre, (slots, cap, tokens, fraction))
@@ -293,6 +357,7 @@ def plan_capacity(
         num_draft_tokens=num_draft_tokens(flags),
         cuda_graph_gib=graph_bs * 2 / MIB_PER_GIB,
         free_before_weights_gib=pre,
+        sglang_version=flags.sglang_version,
     )
 
 

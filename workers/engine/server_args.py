@@ -1,16 +1,21 @@
-"""SGLang's launch flags that decide capacity, and how ``ServerArgs`` resolves them (0.5.10/0.5.11).
+"""SGLang's launch flags that decide capacity, and how ``ServerArgs`` resolves them.
 
 Each function names the ``srt/server_args.py`` code it mirrors: the memory reserve and
 ``mem_fraction_static`` (``_handle_gpu_memory_settings``, ``adjust_mem_fraction_for_vlm``), the
 piecewise CUDA graph switch (``_handle_piecewise_cuda_graph``), the speculative defaults
 (``_handle_speculative_decoding``) and the Mamba scheduler rules (``_handle_mamba_radix_cache``).
+Written from 0.5.11; where a later release resolves a flag differently the branch reads that
+release's trait (:func:`release`, :mod:`workers.engine.releases`) and names where it was read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import TYPE_CHECKING
+
+from workers.engine.releases import Traits, status, traits
 
 if TYPE_CHECKING:
     from workers.engine.model_config import ModelShape
@@ -25,6 +30,16 @@ NO_OVERLAP_ALGORITHMS = frozenset({"NGRAM", "DFLASH"})
 SPECULATIVE_RESERVE_MIB = {"EAGLE": 4096, "EAGLE3": 4096, "NEXTN": 4096, "STANDALONE": 6144}
 # Prefill budget of one batch (--max-prefill-tokens default, server_args.py).
 DEFAULT_MAX_PREFILL_TOKENS = 16384
+# The release planned when nothing says which one runs (the one checked on a real H200).
+DEFAULT_SGLANG_VERSION = "0.5.11"
+# Architectures whose ``auto`` Mamba strategy may become extra_buffer from 0.5.14 (with the
+# default triton linear-attention backend): server_args.py::_support_mamba_cache_extra_buffer.
+EXTRA_BUFFER_ARCHITECTURES = frozenset({
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM", "InternS2PreviewForConditionalGeneration",
+    "MiniCPMV4_6ForConditionalGeneration", "BailingMoeV2_5ForCausalLM", "FalconH1ForCausalLM",
+    "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+})
 
 
 def parse_human_int(value: object) -> int:
@@ -99,6 +114,10 @@ class EngineFlags:
     enforce_piecewise_cuda_graph: bool = False
     enable_torch_compile: bool = False
     piecewise_cuda_graph_max_tokens: int | None = None
+    # The SGLang release whose arithmetic applies (releases.KNOWN, or a newer build).
+    sglang_version: str = DEFAULT_SGLANG_VERSION
+    # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (read from 0.5.17; environ.py, default off).
+    mamba_skip_decode_lock: bool = False
 
     @classmethod
     def from_flags(
@@ -106,11 +125,13 @@ class EngineFlags:
         flags: Mapping[str, object],
         env: Mapping[str, str] | None = None,
         spec_v2_default: bool | None = None,
+        version: str | None = None,
     ) -> EngineFlags:
         """Build from flag names (dashes or underscores, leading dashes ok); others are ignored.
 
-        ``spec_v2_default`` is the release's default of ``SGLANG_ENABLE_SPEC_V2``
-        (:mod:`workers.engine.versions`); the environment variable overrides it, and
+        ``version`` is the SGLang release planned (None: :data:`DEFAULT_SGLANG_VERSION`);
+        ``spec_v2_default`` overrides its default of ``SGLANG_ENABLE_SPEC_V2``. The environment
+        variable overrides both where the release reads it (through 0.5.13), and
         ``SGLANG_MAMBA_SSM_DTYPE`` stands for ``--mamba-ssm-dtype`` (``mamba_utils.py``).
         """
         known = {f.name: _CONVERTERS[f.name] for f in fields(cls)}
@@ -120,10 +141,20 @@ class EngineFlags:
             key = FLAG_ALIASES.get(key, key)
             if key in known and raw_value is not None:
                 values[key] = known[key](raw_value)
+        if version is not None:
+            values["sglang_version"] = version
+        found = _release(str(values.get("sglang_version", DEFAULT_SGLANG_VERSION)))
+        values.setdefault("enable_spec_v2", found.spec_v2_default)
         if spec_v2_default is not None:
             values["enable_spec_v2"] = spec_v2_default
-        if env is not None and "SGLANG_ENABLE_SPEC_V2" in env:
+        if found.spec_v2_env and env is not None and "SGLANG_ENABLE_SPEC_V2" in env:
             values["enable_spec_v2"] = _to_bool(env["SGLANG_ENABLE_SPEC_V2"])
+        if not found.spec_v2_env:
+            # 0.5.14 arg_groups/speculative_hook.py: the V2 worker always, the variable unread.
+            values["enable_spec_v2"] = True
+        if found.skip_decode_lock_env and env is not None:
+            values["mamba_skip_decode_lock"] = _to_bool(
+                env.get("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "0"))
         ssm_env = (env or {}).get("SGLANG_MAMBA_SSM_DTYPE")
         if ssm_env and "mamba_ssm_dtype" not in values:
             values["mamba_ssm_dtype"] = ssm_env
@@ -156,7 +187,20 @@ _CONVERTERS: dict[str, Callable[[object], object]] = {
     "enforce_piecewise_cuda_graph": _to_bool,
     "enable_torch_compile": _to_bool,
     "piecewise_cuda_graph_max_tokens": _to_int,
+    "sglang_version": _to_str,
+    "mamba_skip_decode_lock": _to_bool,
 }
+
+
+@lru_cache(maxsize=64)
+def _release(version: str) -> Traits:
+    """The traits of ``version``; an older or unparsable one plans as the oldest known."""
+    return traits(version) if status(version) not in ("older", "invalid") else traits("0.5.10")
+
+
+def release(flags: EngineFlags) -> Traits:
+    """The pool-arithmetic traits of the release ``flags`` are planned for."""
+    return _release(flags.sglang_version)
 
 
 def speculative(flags: EngineFlags) -> bool:
@@ -189,10 +233,23 @@ def cli_max_running_requests(flags: EngineFlags) -> int | None:
     return flags.max_running_requests
 
 
-def resolved_mamba_strategy(flags: EngineFlags) -> str:
-    """``auto`` resolves to ``no_buffer`` (``ServerArgs.__post_init__``)."""
+def resolved_mamba_strategy(flags: EngineFlags, architecture: str | None = None) -> str:
+    """What ``auto`` resolves to on a hybrid model (``_handle_mamba_radix_cache``).
+
+    Through 0.5.13 ``no_buffer``. From 0.5.14 (``server_args.py::_handle_mamba_radix_cache``;
+    ``arg_groups/overrides.py`` from 0.5.17) ``extra_buffer`` when the overlap scheduler is
+    wanted or ``page_size > 1`` and the architecture supports it (``architecture`` None: one
+    that does, as every hybrid :mod:`workers.engine.model_config` reads), else ``no_buffer``.
+    """
     strategy = flags.mamba_scheduler_strategy
-    return "no_buffer" if strategy == "auto" else strategy
+    if strategy != "auto":
+        return strategy
+    if release(flags).mamba_auto_strategy != "extra_buffer_if_overlap":
+        return "no_buffer"
+    wants = (not flags.disable_overlap_schedule
+             and flags.speculative_algorithm not in NO_OVERLAP_ALGORITHMS) or flags.page_size > 1
+    supported = architecture is None or architecture in EXTRA_BUFFER_ARCHITECTURES
+    return "extra_buffer" if wants and supported else "no_buffer"
 
 
 def check_hybrid_flags(flags: EngineFlags) -> None:
@@ -201,7 +258,10 @@ def check_hybrid_flags(flags: EngineFlags) -> None:
     ``extra_buffer`` with ``--disable-radix-cache``, and speculative decoding with the radix
     cache under ``no_buffer``. The conditions are SGLang's; the messages shortened.
     """
-    if flags.mamba_scheduler_strategy == "extra_buffer" and flags.disable_radix_cache:
+    # From 0.5.14 ``_handle_mamba_radix_cache`` returns first when the radix cache is off.
+    early_return = release(flags).mamba_auto_strategy == "extra_buffer_if_overlap"
+    buffered = flags.mamba_scheduler_strategy in ("extra_buffer", "extra_buffer_lazy")
+    if buffered and flags.disable_radix_cache and not early_return:
         raise ValueError(
             "--mamba-scheduler-strategy extra_buffer requires the radix cache; it cannot be "
             "used with --disable-radix-cache (use no_buffer)."
@@ -225,23 +285,32 @@ def overlap_schedule(flags: EngineFlags, hybrid: bool = True) -> bool:
         return False
     if algo in EAGLE_FAMILY:
         topk = speculative_params(flags)[1]
-        return flags.enable_spec_v2 and topk == 1
+        return (flags.enable_spec_v2 or not release(flags).spec_v2_env) and topk == 1
     # Radix cache + no_buffer (non-speculative) forces overlap off on hybrid models.
     no_buffer = resolved_mamba_strategy(flags) == "no_buffer"
     return not (hybrid and not flags.disable_radix_cache and no_buffer)
 
 
 def mamba_ratio(flags: EngineFlags) -> int:
-    """Mamba slots per running request (``model_runner_kv_cache_mixin.py::_calculate_mamba_ratio``).
+    """Mamba slots per running request (``model_runner_kv_cache_mixin.py::_calculate_mamba_ratio``,
+    ``mem_cache/kv_cache_configurator.py`` from 0.5.16).
 
     1 without radix cache, 3 with ``no_buffer``, 5 with ``extra_buffer`` and overlap on (two
-    ping-pong slots), 4 with ``extra_buffer`` and overlap off.
+    ping-pong slots), 4 with ``extra_buffer`` and overlap off. From 0.5.13 ``extra_buffer_lazy``
+    keeps one ping-pong slot (4; ``MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP_LAZY``). From 0.5.17
+    ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` drops the base 3 by one (``no_buffer`` adds it back).
     """
     if flags.disable_radix_cache:
         return 1
-    if resolved_mamba_strategy(flags) != "extra_buffer":
-        return 3
-    return 5 if overlap_schedule(flags) else 4
+    found = release(flags)
+    skip = found.skip_decode_lock_env and flags.mamba_skip_decode_lock
+    base = 3 - (1 if skip else 0)
+    strategy = resolved_mamba_strategy(flags)
+    if strategy == "extra_buffer_lazy" and found.lazy_extra_buffer:
+        return base + 1
+    if strategy not in ("extra_buffer", "extra_buffer_lazy"):
+        return base + (1 if skip else 0)
+    return base + (2 if overlap_schedule(flags) else 1)
 
 
 def vlm_mem_factor(vision: tuple[int, int] | None) -> float:
@@ -254,13 +323,16 @@ def vlm_mem_factor(vision: tuple[int, int] | None) -> float:
     return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
-def _gpu_memory_row(gpu_memory_mib: int, tp_size: int) -> tuple[int, int]:
+def _gpu_memory_row(
+    gpu_memory_mib: int, tp_size: int, small: tuple[int, int, int] = (2048, 24, 80)
+) -> tuple[int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory (the table of
-    ``server_args.py::_handle_gpu_memory_settings``; docs/capacity.md step 1)."""
+    ``server_args.py::_handle_gpu_memory_settings``; docs/capacity.md step 1). ``small`` is the
+    release's 20-35 GiB row (0.5.20 ``arg_groups/memory_hook.py``: 4096, 48, 160)."""
     if gpu_memory_mib <= 0:
         return 4096, 160
     gib = gpu_memory_mib / MIB_PER_GIB
-    rows = ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (160, 8192, 256, 512))
+    rows = ((20, 2048, 8, 8), (35, *small), (60, 4096, 32, 160), (160, 8192, 256, 512))
     for limit, chunk, graph_small_tp, graph_big_tp in rows:
         if gib < limit:
             return chunk, graph_small_tp if tp_size < 4 else graph_big_tp
@@ -302,6 +374,8 @@ def reserved_mib(
         reserved += len(piecewise_token_sizes(max_tokens)) * 8
     if gpu_mib > 60 * MIB_PER_GIB:
         reserved = max(reserved, 10240)
+    if not release(flags).mem_fraction_spec_reserve_mib:
+        return reserved  # 0.5.14 _handle_gpu_memory_settings: no draft reserve
     return reserved + SPECULATIVE_RESERVE_MIB.get(flags.speculative_algorithm or "", 0)
 
 
@@ -313,7 +387,8 @@ def derived_defaults(
     Explicit flags win. The VLM factor applies when the fraction is derived and the model is
     one of SGLang's multimodal architectures with a ``vision_config``.
     """
-    chunk_default, graph_default = _gpu_memory_row(gpu_memory_mib, flags.tp_size)
+    small = release(flags).small_gpu_defaults
+    chunk_default, graph_default = _gpu_memory_row(gpu_memory_mib, flags.tp_size, small)
     chunk = flags.chunked_prefill_size or chunk_default
     graph_bs = flags.cuda_graph_max_bs or graph_default
     if flags.mem_fraction_static is not None:
