@@ -151,10 +151,11 @@ _MAMBA_AND_SPEC: list[FlagSpec] = [
     (("--max-mamba-cache-size",), int, None, None),
     (("--mamba-full-memory-ratio",), float, 0.9, None),
     (
-        ("--mamba-scheduler-strategy",),
+        # --mamba-radix-cache-strategy: its name from 0.5.14 (the old one gone in 0.5.20).
+        ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
         str,
         "auto",
-        ("auto", "no_buffer", "extra_buffer"),
+        ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"),
     ),
     (("--mamba-ssm-dtype",), str, None, ("float32", "bfloat16", "float16")),
     (("--mamba-track-interval",), int, 256, None),

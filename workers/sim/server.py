@@ -52,7 +52,9 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
     shape = model_shape(args.model_path)
     version = traits(sim.sglang_version)
     spec_v2 = version.spec_v2_default if version else None
-    flags = EngineFlags.from_flags(vars(args), os.environ, spec_v2)
+    # Pools and caps by the release played (its arithmetic: workers.engine.releases).
+    played = sim.sglang_version if version else None
+    flags = EngineFlags.from_flags(vars(args), os.environ, spec_v2, played)
     cal = calibration(sim.calibration)
     gpu_mib = sim.gpu_memory_mib if "gpu_memory_mib" in sim.model_fields_set else cal.gpu_memory_mib
     plan = plan_capacity(shape, flags, gpu_mib)

@@ -81,6 +81,8 @@ class MemoryModel:
     measured: list[Reading] = field(default_factory=list)
     # SGLANG_ENABLE_SPEC_V2's default in the engine's release (None: workers.engine.capacity's).
     spec_v2_default: bool | None = None
+    # The engine's SGLang release, whose pool arithmetic applies (None: capacity's default).
+    sglang_version: str | None = None
     # Evidence the calibration could not read, and what it used instead (never silent).
     unread: list[str] = field(default_factory=list)
     # SGLang's ``pre`` as the engine logged it (None: the GPU's total less the CUDA context).
@@ -99,7 +101,8 @@ class MemoryModel:
         merged = dict(flags)
         if "mem-fraction-static" not in merged and self.mem_fraction_static is not None:
             merged["mem-fraction-static"] = self.mem_fraction_static
-        return EngineFlags.from_flags(merged, self.env, self.spec_v2_default)
+        return EngineFlags.from_flags(merged, self.env, self.spec_v2_default,
+                                      self.sglang_version)
 
     def predict(self, flags: Mapping[str, Any]) -> Prediction:
         """Predict pools and cap for ``flags``; raises DoesNotFit where SGLang would refuse."""
@@ -270,6 +273,7 @@ def calibrate(
     version = engine_version(info)
     found = traits(version)
     model.spec_v2_default = found.spec_v2_default if found else None
+    model.sglang_version = version if found else None
     engine_flags = model.engine_flags(flags)
     measured: list[Reading] = []
     shape = _calibrate_mamba(model.shape, log, engine_flags, measured)
