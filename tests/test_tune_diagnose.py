@@ -60,11 +60,14 @@ def test_baseline_recommendation_raises_the_cap_without_a_lossy_lever():
     assert 60 <= n <= 120
     assert rec["client_concurrency"] == -(-n * 5 // 4) + 1
     predicted = rec["predicted"]
-    # SGLang admits on new_token_ratio and retracts when short: the pool must hold what running
-    # requests hold on average (measured), not every request at the context length.
+    # No job record in this snapshot: every request is taken to run to the context (the
+    # conservative bound, never what requests held at the snapshot), and the pool must admit
+    # n of those by SGLang's own arithmetic (PrefillAdder at the decayed new_token_ratio).
     need = _evidence(d)["kv_need_per_request"]
-    assert "kv_used_tokens / running" in need[1]
-    assert n * need[0] * 1.2 <= predicted["kv_tokens"] < n * 8192
+    assert need[1].startswith("context:") and "--context-length 8,192" in need[1]
+    chosen = next(o for o in rec["options"] if o["name"] == rec["chosen"])
+    assert chosen["kv_holds_requests"] >= n == chosen["effective_running"]
+    assert n * need[0] <= predicted["kv_tokens"]
     assert predicted["memory_gb"]["free"] == 0.0  # nothing stranded once the cap is explicit
     memory = predicted["memory_gb"]
     parts = ("weights", "mamba", "mamba_intermediate", "kv", "unexplained", "draft", "reserved",
@@ -96,20 +99,22 @@ def test_only_a_log_still_names_the_mamba_cap():
     ev = _evidence(d)
     assert ev["running"] == (16, "log Decode batch #running-req")
     assert ev["effective_cap"] == (16, "log scheduler max_running_requests=")
-    # Without cache counters the radix cache stays (R = 5): lossless, 54 running fit (the pool
-    # holds what running requests hold now, as SGLang's optimistic admission keeps it); bf16
-    # SSM state fits 101, but the log measured steady state at 16 running only, so the gain
-    # of that accuracy trade-off is unmeasured: it is named, the lossless lever is chosen.
+    # Without cache counters the radix cache stays (R = 5): lossless, 51 running fit (no job
+    # record: the pool must admit that many requests running to the 8,192 context, by
+    # SGLang's admission arithmetic); bf16 SSM state fits 92, but the log measured steady
+    # state at 16 running only, so the gain of that accuracy trade-off is unmeasured: it is
+    # named, the lossless lever is chosen.
     rec = d["recommendation"]
     options = {o["name"]: o for o in rec["options"]}
-    assert options["more_slots"]["predicted"]["max_running_requests"] == 54
+    assert options["more_slots"]["predicted"]["max_running_requests"] == 51
+    assert options["more_slots"]["kv_holds_requests"] >= 51
     assert not options["no_radix"]["eligible"]
-    assert options["more_slots+bf16_ssm"]["predicted"]["max_running_requests"] == 101
+    assert options["more_slots+bf16_ssm"]["predicted"]["max_running_requests"] == 92
     assert rec["chosen"] == "more_slots"
-    assert rec["predicted"]["max_running_requests"] == 54
+    assert rec["predicted"]["max_running_requests"] == 51
     assert rec["flags"].get("mamba-ssm-dtype") is None
     bf16 = next(r for r in rec["reasons"] if "bfloat16" in r)
-    assert "101 running" in bf16 and "unmeasured" in bf16 and "not chosen" in bf16
+    assert "92 running" in bf16 and "unmeasured" in bf16 and "not chosen" in bf16
 
 
 def _earlier_start(cap: int, tok_s: float) -> str:
@@ -131,14 +136,14 @@ def _earlier_start(cap: int, tok_s: float) -> str:
 def test_a_measured_curve_lets_a_lossy_lever_win_by_its_margin():
     # Canary starts at 40 and 80 running on the observed run's curve (7,000 * n / (n + 40)),
     # with the baseline's 16: three steady counts over 5x measure the knee (120). Then bf16
-    # SSM state's 101 running beat the lossless 54 by more than the 20 % bar.
+    # SSM state's 92 running beat the lossless 51 by more than the 20 % bar.
     snap = snapshot.load(SNAPSHOTS / "baseline_mamba_slots")
     log = _earlier_start(40, 3500.0) + _earlier_start(80, 7000 * 80 / 120) + snap["log"]
     d = diagnose({"log": log, "profile": snap["profile"]}, gpu_memory_mib=183_359).to_json()
     assert _evidence(d)["throughput_half_n"][0] == pytest.approx(40, abs=1)
     rec = d["recommendation"]
     assert rec["chosen"] == "more_slots+bf16_ssm"
-    assert rec["predicted"]["max_running_requests"] == 101
+    assert rec["predicted"]["max_running_requests"] == 92
     assert any("chosen although lossy" in r for r in rec["reasons"])
 
 
@@ -253,12 +258,20 @@ def test_metrics_alone_name_the_running_cap_and_list_what_would_sharpen_it():
 
 
 def test_long_context_does_not_block_a_cap_sglang_would_serve():
-    # The same engine with a 128k context: SGLang admits on new_token_ratio and retracts when
-    # short, so what the pool must hold is what running requests hold, not 128k each.
+    # The same engine with a 128k context running the workload's job (mean 2,490 output
+    # tokens, max_new_tokens 7,000): SGLang admits on new_token_ratio and retracts when short,
+    # so what the pool must hold is what this job's requests hold, not 128k each.
     snap = snapshot.load(SNAPSHOTS / "baseline_mamba_slots")
     snap["log"] = snap["log"].replace("context_len=8192", "context_len=131072")
     snap["profile"]["flags"]["context-length"] = 131072
+    snap["job"] = {"name": "workload", "max_new_tokens": 7000, "output_tokens_mean": 2490,
+                   "completed": 4000}
     d = diagnose(snap).to_json()
     rec = d["recommendation"]
     assert rec["predicted"]["max_running_requests"] > 16 * 2
     assert rec["predicted"]["kv_tokens"] < rec["predicted"]["max_running_requests"] * 131072
+    assert _evidence(d)["kv_need_per_request"][1].startswith("job: job workload")
+    # Without the job's lengths the 128k context is the bound, and the tuner says so.
+    del snap["job"]
+    d = diagnose(snap).to_json()
+    assert "--context-length 131,072" in _evidence(d)["kv_need_per_request"][1]

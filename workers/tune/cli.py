@@ -100,6 +100,7 @@ def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
     from workers.engine.lifecycle import ParallelismMismatch, group_profile
     from workers.gpu_group import GpuGroup
     from workers.tune import snapshot as snapshots
+    from workers.tune.job_lengths import running_job_section
 
     beat = _local_beat(settings, gpu)
     # The worker's GPU group: its first GPU's port, the group's log, every GPU's NVML.
@@ -118,7 +119,8 @@ def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
             profile = json.loads(launched.model_dump_json())
         except (ProfileError, KeyError, ParallelismMismatch):
             profile = None
-    snap = snapshots.capture(target, beat, profile)
+    job = running_job_section(settings, _redis(settings), (beat or {}).get("node"))
+    snap = snapshots.capture(target, beat, profile, job)
     if settings.engine == "sim":
         snap["gpu_memory_mib"] = settings.sim.gpu_memory_mib
     return snap
@@ -189,7 +191,8 @@ def _tuned_plan(profile: LaunchProfile, job: Any, gpu_mib: int, model: Any, cali
     from workers.tune.memory_model import catalog_model
     from workers.tune.plan import plan
 
-    tuned = tuner_profile(profile, model, allow_lossy, throughput)
+    context_len = model.predict(profile.flags).plan.context_len
+    tuned = tuner_profile(profile, model, allow_lossy, throughput, job.kv_need(context_len))
     if tuned is None:
         return None
     tuned_model = model if calibrated else catalog_model(tuned.flags, gpu_mib, tuned.env)
@@ -206,6 +209,10 @@ def plan(
     prompts: int = typer.Option(..., "--prompts", min=1, help="Prompts in the job"),
     avg_output_tokens: float = typer.Option(..., "--avg-output-tokens", min=1.0,
                                             help="Mean generated tokens per prompt"),
+    avg_prompt_tokens: float = typer.Option(0.0, "--avg-prompt-tokens", min=0.0,
+                                            help="Mean prompt tokens (sizes the KV need)"),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
+                                       help="The job's max_new_tokens (default: the context)"),
     gpu_price_per_hour: float = typer.Option(None, "--gpu-price-per-hour",
                                              help="Price of one GPU hour, for the cost"),
     gpu_memory_mib: int = typer.Option(None, "--gpu-memory-mib",
@@ -227,7 +234,8 @@ def plan(
     from workers.tune.throughput import WORKLOAD
 
     given = load_profile(profile)
-    job = JobSize(gpus, prompts, avg_output_tokens, gpu_price_per_hour)
+    job = JobSize(gpus, prompts, avg_output_tokens, gpu_price_per_hour, avg_prompt_tokens,
+                  max_new_tokens)
     if snapshot is None:
         gpu_mib = gpu_memory_mib or _settings().sim.gpu_memory_mib
         model, throughput = catalog_model(given.flags, gpu_mib, given.env), WORKLOAD

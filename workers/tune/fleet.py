@@ -30,6 +30,7 @@ from workers.errors import FleetError
 from workers.gpu_group import GpuGroup
 from workers.heartbeat import read_heartbeats
 from workers.tune import snapshot as snapshots
+from workers.tune.job_lengths import running_job_section
 from workers.tune.snapshot import Snapshot, Target
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,8 @@ class Fleet:
         target = Target(gpu, self.base_url(node), log_path, gpus=gpus)
         profile = group_profile(self.profile_of(node), group.size)
         snap = snapshots.capture(
-            target, self.client_section(node), json.loads(profile.model_dump_json())
+            target, self.client_section(node), json.loads(profile.model_dump_json()),
+            running_job_section(self.settings, self.redis, node),
         )
         if self.settings.engine == "sim":  # the simulated GPU, not the host's
             snap["gpu_memory_mib"] = self.settings.sim.gpu_memory_mib

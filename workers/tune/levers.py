@@ -23,13 +23,10 @@ from typing import Any
 
 from workers.engine import capacity
 from workers.tune.flags import FlagMap, apply_changes, flag_changes
+from workers.tune.kv_floor import KvNeed, kv_held_requests
 from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction
 from workers.tune.throughput import ThroughputModel
 
-# The KV pool is sized this much above what running requests hold on average: SGLang admits
-# on new_token_ratio and retracts when short, and each retraction recomputes that request's
-# prefill, so a pool sized at the bare average would retract whenever requests run long.
-KV_STEADY_MARGIN = 1.2
 # Prompts sharing less than this share of their tokens gain nothing from the radix cache.
 NO_RADIX_MAX_HIT_RATE = 0.1
 # A lossy lever (bf16 SSM state, FP8 KV) must beat the best lossless one by this much.
@@ -54,12 +51,17 @@ class Situation:
     flags: FlagMap
     current_cap: int
     context_len: int
-    kv_tokens_per_request: float
+    # What one running request of the job asks of the KV pool (workers/tune/kv_floor.py).
+    kv_need: KvNeed
     cache_hit_rate: float | None
     prefill_share: float | None  # prefill's share of the tokens processed (None: unknown)
     fraction: float  # resolved mem_fraction_static of the running engine
     extra_fraction: float  # what NVML says could be added to it
     throughput: ThroughputModel
+
+    def kv_running(self, prediction: Prediction) -> int:
+        """Running requests of this job the prediction's KV pool admits and holds."""
+        return kv_held_requests(prediction.plan.max_total_num_tokens, self.kv_need)
 
     def no_radix_cost(self) -> float:
         """Share of throughput lost by recomputing the prompt tokens the radix cache serves.
@@ -100,11 +102,23 @@ class Option:
     lossy: bool
     eligible: bool
     note: str
+    # Running requests of the job its KV pool holds (None: not computed).
+    kv_running: int | None = None
 
     @property
     def cap(self) -> int:
         """Predicted effective running cap (0 if it does not fit)."""
         return self.prediction.cap if self.prediction else 0
+
+    @property
+    def running(self) -> int:
+        """What the engine would run of this job: the cap, or fewer where KV binds."""
+        return self.cap if self.kv_running is None else min(self.cap, self.kv_running)
+
+    @property
+    def kv_binds(self) -> bool:
+        """Whether the KV pool, not the cap, would bound the running count."""
+        return self.prediction is not None and self.running < self.cap
 
     def to_json(self) -> dict[str, Any]:
         """The option as reported under ``recommendation.options``."""
@@ -113,6 +127,8 @@ class Option:
             "flags": self.changes,
             "predicted": self.prediction.to_json() if self.prediction else None,
             "predicted_tok_s": round(self.tok_s),
+            "kv_holds_requests": self.kv_running,
+            "effective_running": self.running,
             "lossy": self.lossy,
             "eligible": self.eligible,
             "note": self.note,
@@ -136,9 +152,7 @@ def _fits(model: MemoryModel, flags: FlagMap, running: int, sit: Situation) -> P
         pred = model.predict(_sized(model, flags, running))
     except DoesNotFit:
         return None
-    need = running * sit.kv_tokens_per_request * KV_STEADY_MARGIN
-    enough_kv = pred.plan.max_total_num_tokens >= need
-    return pred if enough_kv and pred.cap == running else None
+    return pred if pred.cap == running and sit.kv_running(pred) >= running else None
 
 
 def largest_fit(model: MemoryModel, flags: FlagMap, sit: Situation) -> Prediction | None:
@@ -206,11 +220,13 @@ def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
             pred = largest_fit(model, flags, sit)
         if pred is not None:
             changes = flag_changes(sit.flags, _sized(model, flags, pred.cap))
-        tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0
+        kv_running = sit.kv_running(pred) if pred else None
+        running = min(pred.cap, kv_running or 0) if pred else 0
+        tok_s = sit.throughput.tok_s(running) if running else 0.0
         if name.startswith("no_radix"):
             tok_s *= 1.0 - sit.no_radix_cost()
         note = blocked or ("does not fit" if pred is None else "")
-        options.append(Option(name, changes, pred, tok_s, lossy, not blocked, note))
+        options.append(Option(name, changes, pred, tok_s, lossy, not blocked, note, kv_running))
     return options
 
 
@@ -235,9 +251,11 @@ def kv_options(model: MemoryModel, sit: Situation, mamba_usage: float | None) ->
             pred: Prediction | None = model.predict(apply_changes(sit.flags, changes))
         except DoesNotFit:
             pred = None
-        tok_s = sit.throughput.tok_s(pred.cap) if pred else 0.0
+        kv_running = sit.kv_running(pred) if pred else None
+        running = min(pred.cap, kv_running or 0) if pred else 0
+        tok_s = sit.throughput.tok_s(running) if running else 0.0
         note = "" if pred else "does not fit"
-        options.append(Option(name, changes, pred, tok_s, lossy, True, note))
+        options.append(Option(name, changes, pred, tok_s, lossy, True, note, kv_running))
     return options
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.launch_profile import LaunchProfile
+from workers.tune.kv_floor import KvNeed, kv_held_requests, need_from_lengths
 from workers.tune.memory_model import MemoryModel, catalog_model
 from workers.tune.throughput import WORKLOAD, ThroughputModel
 
@@ -18,6 +19,14 @@ class JobSize:
     prompts: int
     avg_output_tokens: float
     gpu_price_per_hour: float | None = None
+    avg_prompt_tokens: float = 0.0
+    # The requests' max_new_tokens (None: up to the context), what SGLang's admission budgets.
+    max_new_tokens: int | None = None
+
+    def kv_need(self, context_len: int) -> KvNeed:
+        """What one running request of this job asks of the KV pool."""
+        return need_from_lengths(self.avg_prompt_tokens, self.avg_output_tokens,
+                                 self.max_new_tokens, context_len)
 
 
 def plan(
@@ -27,12 +36,16 @@ def plan(
     model: MemoryModel | None = None,
     throughput: ThroughputModel = WORKLOAD,
 ) -> dict[str, Any]:
-    """Predict the profile's cap with the memory model and the job's tok/s, ETA and cost."""
+    """Predict the profile's cap with the memory model, the running count its KV pool holds
+    for this job's lengths (workers/tune/kv_floor.py), and the job's tok/s, ETA and cost."""
     model = model or catalog_model(profile.flags, gpu_memory_mib, profile.env)
     prediction = model.predict(profile.flags)
-    running = prediction.cap
-    if profile.client_concurrency:
-        running = min(running, profile.client_concurrency)
+    need = job.kv_need(prediction.plan.context_len)
+    kv_running = kv_held_requests(prediction.plan.max_total_num_tokens, need)
+    running = min(prediction.cap, kv_running)
+    bound = "kv" if kv_running < prediction.cap else "cap"
+    if profile.client_concurrency and profile.client_concurrency < running:
+        running, bound = profile.client_concurrency, "client_concurrency"
     per_gpu = throughput.tok_s(running)
     # One engine per tp-size GPUs (a GPU group, workers/gpu_group.py): the cap and tok/s
     # above are one engine's, so the job runs on gpus / tp engines.
@@ -47,6 +60,9 @@ def plan(
         "engines": engines,
         "predicted": prediction.to_json(),
         "running_per_gpu": running,
+        "kv_holds_requests": kv_running,
+        "kv_need_per_request": round(need.held),
+        "running_bound": bound,
         "tok_s_per_gpu": round(per_gpu),
         "tok_s_total": round(per_gpu * engines),
         "requests_per_s": round(per_gpu * engines / job.avg_output_tokens, 2),

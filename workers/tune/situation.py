@@ -15,7 +15,7 @@ from typing import Any
 
 from workers.engine import capacity
 from workers.engine.log import parse_log
-from workers.tune import throughput
+from workers.tune import kv_floor, throughput
 from workers.tune.flags import FlagMap, snapshot_flags
 from workers.tune.levers import Situation
 from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction, calibrate
@@ -47,6 +47,8 @@ class EngineView:
     throughput: ThroughputModel
     throughput_points: list[tuple[float, float]]
     derived: dict[str, Reading]
+    # The snapshot's ``job`` section: the running job's lengths (workers/tune/job_lengths.py).
+    job: Mapping[str, Any] | None = None
 
     def value(self, name: str) -> Any:
         """A reading's or derived value's value, or None."""
@@ -175,7 +177,8 @@ def view_from_snapshot(
     model = calibrate(flags, gpu_mib, readings.log, snapshot.get("server_info"), env)
     points = steady_points(snapshot, readings)
     view = EngineView(
-        readings, flags, model, _predict_current(model, flags), throughput.fit(points), points, {}
+        readings, flags, model, _predict_current(model, flags), throughput.fit(points), points, {},
+        snapshot.get("job") if isinstance(snapshot.get("job"), Mapping) else None,
     )
     _derive(view, gpu_mib)
     return view
@@ -205,45 +208,53 @@ def extra_fraction(view: EngineView) -> float:
     return max(0.0, math.floor(room / total_gib * 100) / 100)
 
 
-def kv_need_per_request(view: EngineView, context_len: int) -> Reading:
-    """KV tokens the pool must hold per running request, as SGLang schedules.
-
-    SGLang does not reserve a request's whole output budget: ``PrefillAdder`` admits on
-    ``new_token_ratio`` and the scheduler retracts when a decode step runs short
-    (:class:`workers.engine.capacity.NewTokenRatio`), so at steady state the pool holds what running
-    requests hold on average. That is read, in order, from the KV used per running request now,
-    from the finished requests' mean prompt and output (half the output held on average), and
-    only without either from the context (every request assumed to run to the limit).
-    """
-    measured = view.derived.get("kv_tokens_per_running")
-    if measured is not None and measured.value:
-        return Reading("kv_need_per_request", measured.value,
-                       f"{measured.source} (held at steady state)")
+def _prompt_mean(view: EngineView) -> float | None:
+    """Mean prompt tokens of the requests this engine finished (its own counters)."""
     metrics = view.readings.metrics
-    done = metrics.total("num_requests_total")
-    prompt, output = metrics.total("prompt_tokens_total"), metrics.total("generation_tokens_total")
-    if done and prompt is not None and output is not None:
-        need = capacity.steady_kv_per_request(prompt / done, output / done)
-        return Reading("kv_need_per_request", round(need),
-                       "metrics prompt_tokens_total, generation_tokens_total / num_requests_total:"
-                       " prompt + half the output")
-    need = capacity.steady_kv_per_request(0, context_len)
-    return Reading("kv_need_per_request", round(need),
-                   "no workload figures: every request assumed to run to the context")
+    done, prompt = metrics.total("num_requests_total"), metrics.total("prompt_tokens_total")
+    return prompt / done if done and prompt is not None else None
+
+
+def kv_need_per_request(view: EngineView, context_len: int | None) -> kv_floor.KvNeed:
+    """What one running request of the job asks of the KV pool (:mod:`workers.tune.kv_floor`).
+
+    From the running job's own lengths when the snapshot carries them (its max_new_tokens and
+    completed rows), else every request to the engine's ``--context-length`` (the
+    conservative bound). What requests held when the snapshot was taken (KV used / running)
+    is only a floor under either: a snapshot of young requests, or of a lighter load than the
+    job's, under-states what a request holds over its life.
+    """
+    prompt = _prompt_mean(view)
+    need = kv_floor.need_from_job(view.job, context_len or 8192, prompt) if view.job else None
+    if need is None and context_len:
+        need = kv_floor.need_from_context(context_len, prompt or 0.0)
+    held = view.derived.get("kv_tokens_per_running")
+    if need is None:
+        now = float(held.value) if held is not None and held.value else 4096.0
+        return kv_floor.KvNeed(prompt or 0.0, now, 8192, kv_floor.BASIS_HELD,
+                               f"{held.source if held else 'nothing read'}: held when the "
+                               f"snapshot was taken, a lower bound (no job lengths, no context)")
+    if held is not None and held.value and float(held.value) > need.held:
+        need = kv_floor.KvNeed(need.prompt, float(held.value), need.max_new, need.basis,
+                               f"{held.source} (held now, above {need.describe()}: "
+                               f"{need.source})")
+    return need
 
 
 def situation(view: EngineView) -> Situation:
     """The option search's inputs for this engine."""
     plan = view.current.plan if view.current else None
-    context_len = int(view.readings.get("context_len") or (plan.context_len if plan else 8192))
-    need = kv_need_per_request(view, context_len)
-    view.derived[need.name] = need
+    known = view.readings.get("context_len") or (plan.context_len if plan else None)
+    context_len = int(known or 8192)
+    need = kv_need_per_request(view, int(known) if known else None)
+    view.derived["kv_need_per_request"] = Reading(
+        "kv_need_per_request", round(need.held), f"{need.basis}: {need.source}")
     fraction = plan.mem_fraction_static if plan else 0.0
     return Situation(
         flags=view.flags,
         current_cap=effective_cap(view),
         context_len=context_len,
-        kv_tokens_per_request=need.value,
+        kv_need=need,
         cache_hit_rate=view.readings.get("cache_hit_rate"),
         prefill_share=view.readings.get("prefill_share"),
         fraction=fraction,

@@ -3,8 +3,9 @@
 Every section is optional when reading; a section that could not be captured is absent and
 ``unavailable`` says why. A snapshot can also be read from a folder of raw captures
 (``engine.log``, ``metrics.txt``, ``server_info.json``, ``loads.json``, ``gpu.json``,
-``client.json``, ``profile.json``, and ``samples.jsonl``: one ``/v1/loads`` + ``sglang:`` gauge
-reading a line, taken under load), which is how evidence copied off a real machine is fed in.
+``client.json``, ``profile.json``, ``job.json`` (the running job's lengths), and
+``samples.jsonl``: one ``/v1/loads`` + ``sglang:`` gauge reading a line, taken under load),
+which is how evidence copied off a real machine is fed in.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ RAW_FILES = {
     "client": "client.json",
     "profile": "profile.json",
     "samples": "samples.jsonl",
+    "job": "job.json",
 }
 
 
@@ -115,8 +117,10 @@ def capture(
     target: Target,
     client: dict[str, Any] | None = None,
     profile: dict[str, Any] | None = None,
+    job: dict[str, Any] | None = None,
 ) -> Snapshot:
-    """Capture every section available for ``target`` right now."""
+    """Capture every section available for ``target`` right now (``job``: the running job's
+    lengths, workers/tune/job_lengths.py)."""
     out: Snapshot = {"captured_at": time.time(), "gpu_index": target.gpu}
     why: dict[str, str] = {}
     section, reason = gpu.read_group_section(target.gpus or (target.gpu,))
@@ -129,7 +133,7 @@ def capture(
         out["log"] = read_log(target.log_path)
     except OSError as exc:
         why["log"] = f"{target.log_path}: {exc}"
-    for name, value in (("client", client), ("profile", profile)):
+    for name, value in (("client", client), ("profile", profile), ("job", job)):
         if value is not None:
             out[name] = value
         else:

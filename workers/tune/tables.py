@@ -40,6 +40,8 @@ def object_table(title: str, data: dict[str, Any]) -> Table:
 PLAN_ROWS = (
     ("profile", lambda p: p["profile"]),
     ("running requests / GPU", lambda p: p["running_per_gpu"]),
+    ("running cap", lambda p: p["predicted"].get("max_running_requests")),
+    ("KV holds (this job)", lambda p: p.get("kv_holds_requests")),
     ("Mamba slots", lambda p: p["predicted"].get("mamba_slots")),
     ("KV tokens", lambda p: p["predicted"].get("kv_tokens")),
     ("tok/s per GPU", lambda p: p["tok_s_per_gpu"]),
