@@ -200,6 +200,12 @@ def test_flag_rules_that_moved(version: str) -> None:
     assert (chunk, graph) == ((4096, 48) if since(version, "0.5.20") else (2048, 24))
 
 
+def test_later_releases_flag_names_are_read() -> None:
+    flags = EngineFlags.from_flags({"--mamba-radix-cache-strategy": "extra_buffer",
+                                    "cuda-graph-max-bs-decode": 96}, {}, None, "0.5.23")
+    assert (flags.mamba_scheduler_strategy, flags.cuda_graph_max_bs) == ("extra_buffer", 96)
+
+
 def _sim_caps(tmp_path: Path, argv: list[str], version: str) -> tuple[dict, dict]:
     sim = launch(tmp_path, argv, {"FLEET_SIM_SGLANG_VERSION": version},
                  log_name=f"sim-{version}.log")

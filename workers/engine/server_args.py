@@ -81,7 +81,11 @@ def _to_str(value: object) -> str:
     return str(value)
 
 
-FLAG_ALIASES = {"tensor_parallel_size": "tp_size", "tp": "tp_size"}
+# Names later releases give these flags (0.5.14 server_args.py::add_cli_args; the old ones gone
+# in 0.5.20, releases.RENAMED_0_5_20).
+FLAG_ALIASES = {"tensor_parallel_size": "tp_size", "tp": "tp_size",
+                "mamba_radix_cache_strategy": "mamba_scheduler_strategy",
+                "cuda_graph_max_bs_decode": "cuda_graph_max_bs"}
 
 
 @dataclass(frozen=True)
