@@ -88,3 +88,23 @@ def test_throughput_curve_that_stops_growing_is_flat_and_one_point_keeps_the_pri
     assert scaled.tok_s(16) == pytest.approx(1000.0)
     # The prior's shape predicts above 16 but is no measured knee.
     assert scaled.knee() is None and not scaled.saturated_at(16)
+
+
+def test_plan_holds_the_running_count_to_what_kv_admits_for_the_jobs_lengths():
+    # The job's lengths size the KV need (SGLang's admission arithmetic, workers/tune/kv_floor):
+    # the given profile and the tuner's alternative both run at most what their pool holds.
+    out = _plan("--profile", "qwen36-27b-baseline", "--gpu-memory-mib", "183359",
+                "--max-new-tokens", "7000", "--avg-prompt-tokens", "100")
+    assert out["kv_need_per_request"] == 100 + 2490  # prompt + E[O^2] / 2E[O], geometric
+    assert out["running_per_gpu"] == 16 <= out["kv_holds_requests"]
+    assert out["running_bound"] == "cap"
+    alt = out["tuner_alternative"]
+    assert alt["running_per_gpu"] <= alt["kv_holds_requests"]
+    assert alt["running_per_gpu"] == alt["predicted"]["max_running_requests"] > 16
+    # Traces of the whole context on a small pool (the last --avg-output-tokens wins): KV, not
+    # the cap, binds.
+    small = _plan("--profile", "qwen36-27b", "--gpu-memory-mib", "120000",
+                  "--avg-output-tokens", "8000")
+    assert small["running_bound"] == "kv"
+    assert small["running_per_gpu"] == small["kv_holds_requests"]
+    assert small["running_per_gpu"] < small["predicted"]["max_running_requests"]

@@ -7,16 +7,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.tune.flags import apply_changes
 from workers.tune.levers import (
     KV_MIN_GAIN,
     LOSSY_MIN_GAIN,
+    SEARCH_STEP,
     Option,
     Situation,
+    _sized,
     choose,
     kv_options,
     running_cap_options,
 )
-from workers.tune.memory_model import Prediction
+from workers.tune.memory_model import DoesNotFit, MemoryModel, Prediction
 from workers.tune.situation import EngineView, is_speculative, situation
 from workers.tune.throughput import CANARY_MIN_GAIN
 from workers.tune.verdict import Verdict
@@ -56,11 +59,50 @@ def client_concurrency_for(cap: int, headroom: float) -> int:
 def _describe(option: Option, sit: Situation) -> str:
     assert option.prediction is not None
     plan = option.prediction.plan
+    held = "" if option.kv_running is None else (
+        f" (they hold {option.kv_running} requests of {sit.kv_need.describe()})")
     return (
-        f"{option.name}: predicted {plan.max_running_requests} running "
-        f"({plan.max_mamba_cache_size} slots, R={plan.mamba_ratio}), "
-        f"{plan.max_total_num_tokens:,} KV tokens, ~{option.tok_s:,.0f} tok/s "
-        f"(throughput model: {sit.throughput.source})"
+        f"{option.name}: predicted {option.running} running "
+        f"({plan.max_mamba_cache_size} slots, R={plan.mamba_ratio}, cap "
+        f"{plan.max_running_requests}), {plan.max_total_num_tokens:,} KV tokens{held}, "
+        f"~{option.tok_s:,.0f} tok/s (throughput model: {sit.throughput.source})"
+    )
+
+
+def current_running(view: EngineView, sit: Situation) -> int:
+    """What the running engine holds of this job: its cap, or fewer where its KV binds."""
+    if view.current is None:
+        return sit.current_cap
+    return min(sit.current_cap, sit.kv_running(view.current))
+
+
+def _kv_now_reason(view: EngineView, sit: Situation) -> str | None:
+    """Said when the running engine's own KV pool holds fewer of this job than its cap."""
+    if view.current is None or current_running(view, sit) >= sit.current_cap:
+        return None
+    kv = view.current.plan.max_total_num_tokens
+    return (
+        f"now: {sit.current_cap} running allowed but {kv:,} KV tokens hold only "
+        f"{sit.kv_running(view.current)} requests of {sit.kv_need.describe()} "
+        f"({sit.kv_need.basis}): KV, not the cap, binds this job"
+    )
+
+
+def _kv_binds_reason(model: MemoryModel, chosen: Option, sit: Situation) -> str | None:
+    """Said when more slots would fit in memory but their KV pool would hold fewer requests."""
+    flags = apply_changes(sit.flags, chosen.changes)
+    more = chosen.cap + SEARCH_STEP
+    try:
+        pred = model.predict(_sized(model, flags, more))
+    except DoesNotFit:
+        return None
+    held = sit.kv_running(pred)
+    if pred.cap != more or held >= more:
+        return None
+    return (
+        f"stops at {chosen.cap}: {more} slots would fit, but their "
+        f"{pred.plan.max_total_num_tokens:,} KV tokens hold only {held} requests of "
+        f"{sit.kv_need.describe()} ({sit.kv_need.basis}): KV, not the slots, sets the cap"
     )
 
 
@@ -168,13 +210,16 @@ def _running_cap(
     lossless = choose([o for o in options if not o.lossy])
     # A lossy lever must win by a measured margin: on an unmeasured curve it is only named.
     chosen = choose(options) if sit.throughput.shape_measured else lossless
-    if lossless is None or chosen is None or lossless.cap < sit.current_cap * (1 + MIN_CAP_GAIN):
+    now = current_running(view, sit)
+    if lossless is None or chosen is None or lossless.running < now * (1 + MIN_CAP_GAIN):
         notes = [*verdict.notes, f"first read as {verdict.constraint} ({verdict.cause})"]
         return _gpu_memory(
             view, Verdict("gpu_memory", "no_room_for_more_running", notes), sit, options, headroom
         )
     reasons = [_cause_reason(view, verdict, sit.current_cap), _describe(chosen, sit)]
     for extra in (
+        _kv_now_reason(view, sit),
+        _kv_binds_reason(view.model, chosen, sit),
         _radix_reason(options, chosen, sit),
         _bf16_reason(options, chosen, sit),
         _cap_reason(view, chosen),
@@ -198,8 +243,8 @@ def _gpu_memory(
 ) -> tuple[Verdict, Recommendation]:
     usable = [o for o in options if o.eligible and o.prediction is not None]
     best = max(usable, key=lambda o: o.tok_s, default=None)
-    cap = sit.current_cap
-    if best is not None and best.cap >= cap * (1 + MIN_CAP_GAIN):
+    cap = current_running(view, sit)
+    if best is not None and best.running >= cap * (1 + MIN_CAP_GAIN):
         reasons = [
             f"no lossless lever fits more than {cap} running on this GPU",
             _describe(best, sit),
@@ -207,7 +252,7 @@ def _gpu_memory(
         ]
         rec = Recommendation(
             best.changes,
-            client_concurrency_for(best.cap, headroom),
+            client_concurrency_for(best.running, headroom),
             best.prediction,
             best.name,
             reasons,
