@@ -84,7 +84,7 @@ def _kv_now_reason(view: EngineView, sit: Situation) -> str | None:
     return (
         f"now: {sit.current_cap} running allowed but {kv:,} KV tokens hold only "
         f"{sit.kv_running(view.current)} requests of {sit.kv_need.describe()} "
-        f"({sit.kv_need.basis}): KV, not the cap, binds this job"
+        f": KV, not the cap, binds this job"
     )
 
 
@@ -102,7 +102,7 @@ def _kv_binds_reason(model: MemoryModel, chosen: Option, sit: Situation) -> str 
     return (
         f"stops at {chosen.cap}: {more} slots would fit, but their "
         f"{pred.plan.max_total_num_tokens:,} KV tokens hold only {held} requests of "
-        f"{sit.kv_need.describe()} ({sit.kv_need.basis}): KV, not the slots, sets the cap"
+        f"{sit.kv_need.describe()}: KV, not the slots, sets the cap"
     )
 
 

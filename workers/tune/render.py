@@ -17,14 +17,18 @@ def _flag_lines(flags: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _predicted_lines(predicted: dict[str, Any] | None) -> list[str]:
+def _predicted_lines(predicted: dict[str, Any] | None,
+                     chosen: dict[str, Any] | None) -> list[str]:
     if not predicted:
         return []
     memory = ", ".join(f"{k} {v:.2f}" for k, v in predicted["memory_gb"].items())
+    holds = ""
+    if chosen and chosen.get("kv_holds_requests") is not None:
+        holds = f" (they hold {chosen['kv_holds_requests']} requests of kv_need_per_request)"
     return [
         f"predicted: {predicted['max_running_requests']} running, "
         f"{predicted['mamba_slots']} Mamba slots (R={predicted['mamba_ratio']}), "
-        f"{predicted['kv_tokens']:,} KV tokens",
+        f"{predicted['kv_tokens']:,} KV tokens{holds}",
         f"memory (GiB): {memory}",
     ]
 
@@ -49,7 +53,8 @@ def diagnosis_text(d: dict[str, Any]) -> str:
     lines += _flag_lines(rec["flags"])
     if rec.get("client_concurrency") is not None:
         lines.append(f"  client concurrency: {rec['client_concurrency']}")
-    lines += _predicted_lines(rec.get("predicted"))
+    chosen = next((o for o in rec.get("options") or [] if o["name"] == rec.get("chosen")), None)
+    lines += _predicted_lines(rec.get("predicted"), chosen)
     lines.append("why:")
     lines += [f"  - {r}" for r in rec.get("reasons", [])]
     return "\n".join(lines)
