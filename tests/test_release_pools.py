@@ -206,6 +206,11 @@ def test_later_releases_flag_names_are_read() -> None:
     assert (flags.mamba_scheduler_strategy, flags.cuda_graph_max_bs) == ("extra_buffer", 96)
 
 
+def test_a_release_older_than_the_range_plans_as_the_oldest() -> None:
+    for version in ("0.5.9", "nonsense"):
+        assert server_args.release(EngineFlags(sglang_version=version)).version == "0.5.10.post1"
+
+
 def _sim_caps(tmp_path: Path, argv: list[str], version: str) -> tuple[dict, dict]:
     sim = launch(tmp_path, argv, {"FLEET_SIM_SGLANG_VERSION": version},
                  log_name=f"sim-{version}.log")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from workers.engine.releases import Traits, status, traits
+from workers.engine.releases import OLDEST, Traits, status, traits
 
 if TYPE_CHECKING:
     from workers.engine.model_config import ModelShape
@@ -199,7 +199,7 @@ _CONVERTERS: dict[str, Callable[[object], object]] = {
 @lru_cache(maxsize=64)
 def _release(version: str) -> Traits:
     """The traits of ``version``; an older or unparsable one plans as the oldest known."""
-    return traits(version) if status(version) not in ("older", "invalid") else traits("0.5.10")
+    return traits(version) if status(version) not in ("older", "invalid") else traits(OLDEST)
 
 
 def release(flags: EngineFlags) -> Traits:
