@@ -220,3 +220,33 @@ def test_the_running_jobs_lengths_come_from_the_fleets_records(r: redis.Redis, t
          for i, m in enumerate((120, 400, 90))], compress=True))
     r.hset(jobstate.in_flight_key("gpu1@host"), "batchapi/0", b"{}")
     assert job_section(r, "gpu1@host", store)["max_new_tokens"] == 400
+
+
+def test_a_running_engine_whose_pool_is_short_for_the_job_is_told_so():
+    # The engine tune auto launched on the real H200 (108 running allowed, ~34,700 KV tokens),
+    # now running the workload's job: KV, not the cap, binds it, and a lever is measured
+    # against the 10 it holds, not the 108 it allows.
+    from dataclasses import replace
+
+    from workers.tune.recommend import _kv_now_reason, current_running
+    from workers.tune.situation import situation
+
+    snap = snapshot.load(BIG80)
+    snap["job"] = WORKLOAD_JOB
+    view = view_from_snapshot(snap)
+    view.current = view.model.predict(_relaunched_profile().flags)
+    sit = replace(situation(view), current_cap=108)
+    assert current_running(view, sit) == sit.kv_running(view.current) == 10
+    reason = _kv_now_reason(view, sit)
+    assert reason is not None
+    assert reason.startswith("now: 108 running allowed but 34,") and "hold only 10" in reason
+    assert "this job's ~2,916 tokens" in reason and "KV, not the cap" in reason
+    # Short rows: the pool holds more than a cap of 90 (what requests held at this snapshot,
+    # 346 each, is the floor under the rows' 64 + 150), so nothing is said.
+    snap["job"] = {**SHORT_JOB, "prompt_tokens_mean": 64}
+    short = view_from_snapshot(snap)
+    short.current = view.current
+    short_sit = replace(situation(short), current_cap=90)
+    assert short_sit.kv_need.held == pytest.approx(346, abs=1)
+    assert short_sit.kv_running(view.current) > 90
+    assert _kv_now_reason(short, short_sit) is None

@@ -83,8 +83,8 @@ def _kv_now_reason(view: EngineView, sit: Situation) -> str | None:
     kv = view.current.plan.max_total_num_tokens
     return (
         f"now: {sit.current_cap} running allowed but {kv:,} KV tokens hold only "
-        f"{sit.kv_running(view.current)} requests of {sit.kv_need.describe()} "
-        f": KV, not the cap, binds this job"
+        f"{sit.kv_running(view.current)} requests of {sit.kv_need.describe()}: KV, not the "
+        f"cap, binds this job"
     )
 
 
