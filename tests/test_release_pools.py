@@ -184,6 +184,10 @@ def test_flag_rules_that_moved(version: str) -> None:
     assert skip == (4 if since(version, "0.5.17") else 5)
     assert ratio({"mamba-scheduler-strategy": "no_buffer"},
                  {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "1"}) == 3
+    # auto under NGRAM: the Mamba rule runs before NGRAM turns overlap off, so from 0.5.14
+    # extra_buffer without overlap (3 + 1); no_buffer (3) before
+    ngram = {"speculative-algorithm": "NGRAM", "speculative-num-draft-tokens": 4}
+    assert ratio(ngram) == (4 if since(version, "0.5.14") else 3)
     if since(version, "0.5.13"):  # extra_buffer_lazy: one ping-pong slot
         assert ratio({"mamba-scheduler-strategy": "extra_buffer_lazy"}) == 4
     # extra_buffer without the radix cache: refused through 0.5.13, R = 1 from 0.5.14

@@ -250,8 +250,9 @@ def resolved_mamba_strategy(flags: EngineFlags, architecture: str | None = None)
         return strategy
     if release(flags).mamba_auto_strategy != "extra_buffer_if_overlap":
         return "no_buffer"
-    wants = (not flags.disable_overlap_schedule
-             and flags.speculative_algorithm not in NO_OVERLAP_ALGORITHMS) or flags.page_size > 1
+    # Before the speculative rules run (_handle_model_specific_adjustments comes first in
+    # __post_init__), so only --disable-overlap-schedule itself counts, not NGRAM's switch.
+    wants = not flags.disable_overlap_schedule or flags.page_size > 1
     supported = architecture is None or architecture in EXTRA_BUFFER_ARCHITECTURES
     return "extra_buffer" if wants and supported else "no_buffer"
 
