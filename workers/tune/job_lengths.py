@@ -32,7 +32,7 @@ from workers.errors import FleetError
 log = logging.getLogger(__name__)
 
 # Stored result files read for the lengths (the newest), and staged rows read for max_tokens.
-RESULT_FILES = 4
+RESULT_FILES = 2
 OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_new_tokens")
 
 

@@ -1,18 +1,19 @@
 """How many running requests of THIS job a KV pool holds, by SGLang's own admission arithmetic.
 
 A candidate launch is only as good as the running count its KV pool sustains for the job
-being run: a cap of 108 with 34,949 KV tokens is 108 running for rows of 150 output tokens
-and a fraction of that for thinking traces of 2,490. SGLang's ``PrefillAdder``
+being run: a cap of 108 with 34,949 KV tokens is 108 running for the GPU check's rows of 150
+output tokens and 10 for thinking traces of 2,490. SGLang's ``PrefillAdder``
 (``managers/schedule_policy.py``) admits a request while
 
     pool - sum(held_i) - new_token_ratio * sum(min(max_new_i - decoded_i, CLIP))
         > prompt + min(max_new, CLIP) + page_size
 
-(``rem_total_tokens`` against ``add_one_req``'s ``total_tokens``; ``CLIP`` is
-``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``), and the ratio decays to its floor while nothing is
-retracted. With ``n`` running requests of a job each holding ``held`` tokens on average and
-budgeted ``reserved``, the ``(n + 1)``-th is admitted while ``n * (held + ratio * reserved) <
-pool - newcomer``: the pool holds ``ceil((pool - newcomer) / (held + ratio * reserved))``.
+(``rem_total_tokens`` against ``add_one_req``'s ``total_tokens``, 0.5.11; 0.5.10.post1 has no
+page term; ``CLIP`` is ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``), and the ratio decays to its
+floor while nothing is retracted. With ``n`` running requests of a job each holding ``held``
+tokens on average and budgeted ``reserved``, the ``(n + 1)``-th is admitted while
+``n * (held + ratio * reserved) < pool - newcomer``: the pool holds
+``ceil((pool - newcomer) / (held + ratio * reserved))``.
 
 What a running request holds on average over the job (Little's law over the pool's tokens) is
 its prompt plus ``E[O^2] / (2 E[O])`` of its output: long requests run longer, so they are
