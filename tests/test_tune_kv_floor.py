@@ -250,3 +250,17 @@ def test_a_running_engine_whose_pool_is_short_for_the_job_is_told_so():
     assert short_sit.kv_need.held == pytest.approx(346, abs=1)
     assert short_sit.kv_running(view.current) > 90
     assert _kv_now_reason(short, short_sit) is None
+
+
+def test_a_folder_of_raw_captures_carries_the_job_as_job_json(tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "big80"
+    shutil.copytree(BIG80, folder)
+    (folder / "job.json").write_text(json.dumps(WORKLOAD_JOB))
+    snap = snapshot.load(folder)
+    assert snap["job"] == WORKLOAD_JOB
+    d = diagnose(snap).to_json()
+    need = next(e for e in d["evidence"] if e["name"] == "kv_need_per_request")
+    assert need["source"].startswith("job: job workload")
