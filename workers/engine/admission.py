@@ -43,10 +43,28 @@ class NewTokenRatio:
         self.value = min(1.0, estimate)
 
 
+# PrefillAdder reserves one page per request for alloc_extend's page alignment (page size 1).
+PAGE_SIZE = 1
+
+
 def admission_tokens(prefill_tokens: int, remaining_output: int, ratio: float) -> float:
-    """KV tokens ``PrefillAdder`` budgets for one request: the prefill plus its remaining
-    output budget (clipped to CLIP_MAX_NEW_TOKENS) times the new-token ratio."""
+    """KV tokens ``PrefillAdder`` keeps aside for a request already running
+    (``_get_running_request_total_token_offset``): its remaining output budget, clipped to
+    CLIP_MAX_NEW_TOKENS, times the new-token ratio (plus ``prefill_tokens`` not yet held)."""
     return prefill_tokens + min(max(0, remaining_output), CLIP_MAX_NEW_TOKENS) * ratio
+
+
+def newcomer_tokens(input_tokens: int, remaining_output: int) -> int:
+    """What ``PrefillAdder.add_one_req`` charges a request it is about to admit (0.5.11): its
+    whole prompt, its whole remaining output budget clipped to CLIP_MAX_NEW_TOKENS (no ratio)
+    and a page; it is refused when that is ``>=`` what is left (``rem_total_tokens``)."""
+    return input_tokens + min(max(0, remaining_output), CLIP_MAX_NEW_TOKENS) + PAGE_SIZE
+
+
+def admitted_offset(max_new_tokens: int) -> int:
+    """What ``_update_prefill_budget`` adds to the offset for a request admitted in the same
+    round, beyond its prompt: ``min(max_new_tokens, CLIP)`` and a page (no ratio either)."""
+    return min(max(0, max_new_tokens), CLIP_MAX_NEW_TOKENS) + PAGE_SIZE
 
 
 def steady_kv_per_request(input_tokens: float, output_tokens: float) -> float:

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
+from workers.engine.admission import admitted_offset, newcomer_tokens
 from workers.engine.capacity import NewTokenRatio, admission_tokens
 from workers.sim.calibration import B200_WORKLOAD, Calibration
 from workers.sim.radix import PrefixCache
@@ -169,11 +170,13 @@ class SimEngine:
         return sum(admission_tokens(0, r.remaining, self.ratio.value) for r in self.running)
 
     def _fits(self, req: SimRequest, budgeted: float) -> bool:
-        """Whether ``req`` can be admitted now (running cap and ``PrefillAdder``'s KV rule)."""
+        """Whether ``req`` can be admitted now: the running cap and ``PrefillAdder.add_one_req``
+        (0.5.11), which charges a newcomer its prompt, its whole clipped output budget and a
+        page, refused when that is ``>=`` the pool less what is held and ``budgeted``."""
         if len(self.running) >= self.config.max_running_requests:
             return False
-        need = admission_tokens(req.held, req.remaining, self.ratio.value)
-        return self.kv_used + budgeted + need <= self.config.max_total_num_tokens
+        need = newcomer_tokens(req.held, req.remaining)
+        return need < self.config.max_total_num_tokens - self.kv_used - budgeted
 
     async def _sleep_until_work(self) -> None:
         """Block on the wake event (new request or abort) instead of polling."""
@@ -201,7 +204,9 @@ class SimEngine:
             compute = req.held - hit  # a retracted request recomputes its output so far
             if new_reqs and new_tokens + compute > self.config.max_prefill_tokens:
                 break
-            budgeted += admission_tokens(0, req.remaining, self.ratio.value)
+            # _update_prefill_budget: the round's admitted requests keep their whole budget
+            # aside (their prompt is held from _start on, in kv_used).
+            budgeted += admitted_offset(req.max_new_tokens)
             self.waiting.popleft()
             self.waiting_tokens -= req.held
             req.cached_tokens = hit
