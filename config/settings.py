@@ -205,7 +205,7 @@ class Settings(BaseSettings):
     shard_rows: int = 1_000_000
     # Uncompressed row bytes buffered per Parquet row group.
     shard_row_group_bytes: int = 64 * 2**20
-    # Enqueue fleet.sink_job when a job's last batch is done (see workers/dataset/sink.py).
+    # Enqueue fleet.sink_job when a job's last batch is done (see workers/sink_task.py).
     sink_auto: bool = True
 
     sim: SimSettings = Field(default_factory=SimSettings)

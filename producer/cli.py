@@ -133,7 +133,7 @@ def enqueue(
     from producer.reuse import reuse_hook
     from workers import app
     from workers.dataset.location import locate, require_off_node
-    from workers.dataset.sink import trigger_if_complete
+    from workers.sink_task import trigger_if_complete
 
     settings = load_settings()
     require_off_node(locate(settings.store_url, settings.s3.endpoint_url),

@@ -34,11 +34,11 @@ from workers.dataset.jobs import (
     staged_sha256,
 )
 from workers.dataset.manifest import encode_manifest, load_manifest, manifest_key, success_key
-from workers.dataset.sink import reset_auto_trigger
 from workers.dataset.sink_lock import SinkLock
 from workers.dataset.store import Store
 from workers.delivery import jobstate
 from workers.delivery.progress import spill_rows
+from workers.sink_task import reset_auto_trigger
 
 LOCK_WAIT_S = 300.0
 

@@ -10,9 +10,10 @@ import redis
 
 from config.settings import Settings
 from workers.dataset.manifest import committed_prefix, location
-from workers.dataset.sink import ShardLimits, aggregate, request_sink, wait_sink
+from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.sink_lock import SinkLock
 from workers.dataset.store import open_store, store_policy
+from workers.sink_task import request_sink, wait_sink
 
 
 def run_sink(settings: Settings, job: str, wait: bool, local: bool, timeout_s: float

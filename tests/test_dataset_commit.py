@@ -33,10 +33,11 @@ from workers.dataset.manifest import (
     success_key,
     to_record,
 )
-from workers.dataset.sink import ShardLimits, aggregate, state_key
+from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.sink_lock import LockLost, SinkLock, lock_key
 from workers.dataset.store import LocalStore, Store
 from workers.errors import FleetError
+from workers.sink_task import state_key
 
 LIMITS = ShardLimits(rows=20)
 STEPS = ("shards-written", "manifest-written", "success-written", "cleanup")

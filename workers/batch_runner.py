@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
+from workers import sink_task
 from workers.aio import cancel_and_wait
-from workers.dataset import sink
 from workers.dataset.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.delivery import jobstate
 from workers.delivery.crashes import CrashTracker
@@ -369,7 +369,7 @@ class BatchRunner:
             raise LostOwnership(f"batch {self.spec.name}/{self.batch} was taken over while its "
                                 "result was written (the new owner writes it again)")
         await asyncio.to_thread(drop_progress, self.env.store, self.spec.name, self.batch)
-        await sink.trigger_when_done(self.env.redis, self.spec, self.env.settings)
+        await sink_task.trigger_when_done(self.env.redis, self.spec, self.env.settings)
         return self._summary(rows, time.monotonic() - t0)
 
     def _summary(self, rows: list[dict[str, Any]], secs: float) -> dict[str, Any]:

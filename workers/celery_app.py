@@ -75,6 +75,6 @@ def make_app(settings: Settings | None = None) -> Celery:
     app = Celery("workers")
     app.conf.update(celery_config(settings or load_settings()))
     app.conf.imports = (
-        "workers.tasks", "workers.signals", "workers.control", "workers.dataset.sink"
+        "workers.tasks", "workers.signals", "workers.control", "workers.sink_task"
     )
     return app

@@ -106,7 +106,7 @@ class EngineStep(bootsteps.StartStopStep):
         global _runtime
         if _sink_only(worker.app):  # type: ignore[attr-defined]
             # No engine to start; the sink tasks' leases still need renewing.
-            from workers.dataset.sink import start_lease_keeper
+            from workers.sink_task import start_lease_keeper
 
             start_lease_keeper(worker.app)  # type: ignore[attr-defined]
             return

@@ -21,10 +21,9 @@ from celery.exceptions import Reject
 from celery.worker.request import Request
 
 from config.settings import Settings, load_settings
-from workers import metrics
+from workers import metrics, sink_task
 from workers.batch_runner import BatchRunner, HandBack, JobStopped
 from workers.context import identity
-from workers.dataset import sink
 from workers.dataset.jobs import load_checked_input, load_spec, result_key
 from workers.dataset.store import RetryingStore, Store, open_store, store_policy
 from workers.delivery import jobstate, whereabouts
@@ -91,7 +90,7 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
 
         if await stored():
             await asyncio.to_thread(_settle_stored, settings, store, job, batch)
-            await sink.trigger_when_done(r, spec, settings)
+            await sink_task.trigger_when_done(r, spec, settings)
             return _skipped(job, batch, "results already stored")
         owner = Ownership(r, job, batch, me.node, settings.visibility_timeout_s)
         wait_s = settings.visibility_timeout_s + settings.lease_renew_s

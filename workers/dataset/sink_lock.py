@@ -17,7 +17,7 @@ from types import TracebackType
 
 import redis
 
-from workers.delivery import jobstate
+from workers.dataset.jobs import redis_job_key
 from workers.errors import FleetError
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class LockLost(FleetError):
 
 def lock_key(job: str) -> str:
     """Redis key of a job's data-set lock."""
-    return f"{jobstate.Keys(job).job}:sink:lock"
+    return f"{redis_job_key(job)}:sink:lock"
 
 
 class SinkLock:

@@ -29,6 +29,8 @@ from typing import Any
 
 import redis
 
+from workers.dataset.jobs import redis_job_key
+
 SERIES_BUCKET_S = 10
 
 # Per-batch counters ("{batch}|{field}" in the job's bstats hash) mirror what each batch adds to
@@ -98,7 +100,7 @@ class Keys:
     """Redis key names of one job."""
 
     def __init__(self, job: str) -> None:
-        base = f"fleet:job:{job}"
+        base = redis_job_key(job)
         self.job = base
         self.done = f"{base}:done"
         self.stats = f"{base}:stats"

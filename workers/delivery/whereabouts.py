@@ -24,9 +24,9 @@ import redis
 from celery import Celery
 
 from workers.celery_app import SHARED_QUEUE
-from workers.dataset import sink
 from workers.dataset.jobs import JobSpec, decode_rows, result_key
 from workers.dataset.store import Store
+from workers.dataset.verify import stored_batches
 from workers.delivery import jobstate, ownership
 
 BATCH_TASK = "fleet.run_batch"
@@ -113,7 +113,7 @@ def locate(store: Store, r: redis.Redis, job: str, unacked_key: str = "unacked")
     queued = queued_batches(r, job)
     unacked = unacked_batches(r, job, unacked_key)
     held = set(ownership.live_holders(r, job))
-    return Whereabouts(stored=set(sink.stored_batches(store, job)), queued=queued, unacked=unacked,
+    return Whereabouts(stored=set(stored_batches(store, job)), queued=queued, unacked=unacked,
                        held=held)
 
 
