@@ -4,6 +4,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # GPU workers of `make fleet` / `make compose`, and seconds between two engines' first starts.
 GPUS ?= 7
+# GPUs of one tensor-parallel engine: GPUS=8 GPUS_PER_ENGINE=2 gives workers gpu0-1 ... gpu6-7.
+GPUS_PER_ENGINE ?= 1
 STAGGER ?= 30
 # Minutes `make soak` keeps running fault-and-operator schedules (tests/chaos/).
 SOAK_MINUTES ?= 30
@@ -72,15 +74,16 @@ soak: install redis-bin
 # Without containers: redis, flower, sink and GPUS workers under honcho (reads .env), from a
 # Procfile generated into .fleet/ (the committed Procfile is the same for GPUS=7).
 fleet: install redis-bin
-	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --stagger-s $(STAGGER) --out .fleet/Procfile
+	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --gpus-per-engine $(GPUS_PER_ENGINE) \
+	  --stagger-s $(STAGGER) --out .fleet/Procfile
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f .fleet/Procfile -d . start
 
 # Rewrite docker-compose.yml / Procfile for another GPU count (docs/runbook.md).
 compose: install
-	$(PY) -m deploy.compose_gen --gpus $(GPUS) --stagger-s $(STAGGER)
+	$(PY) -m deploy.compose_gen --gpus $(GPUS) --gpus-per-engine $(GPUS_PER_ENGINE) --stagger-s $(STAGGER)
 
 procfile: install
-	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --stagger-s $(STAGGER)
+	$(PY) -m deploy.procfile_gen --gpus $(GPUS) --gpus-per-engine $(GPUS_PER_ENGINE) --stagger-s $(STAGGER)
 
 clean:
 	rm -rf $(VENV) .demo .fleet fleet-data logs .pytest_cache
