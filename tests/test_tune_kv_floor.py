@@ -198,7 +198,7 @@ def test_the_running_jobs_lengths_come_from_the_fleets_records(r: redis.Redis, t
     r.hset(jobstate.in_flight_key("gpu0@host"), "traces/1", b"{}")
     # Nothing finished yet: max_new_tokens only, every row to it.
     section = job_section(r, "gpu0@host", store)
-    assert section == {"name": "traces", "max_new_tokens": 7000}
+    assert section == {"name": "traces", "max_new_tokens": 7000, "batch_size": 3}
     need = kv_floor.need_from_job(section, CONTEXT)
     assert need is not None and need.held == pytest.approx(3500)
     # Batch 0 is stored: its rows give the prompt, the mean and the spread.
@@ -264,3 +264,33 @@ def test_a_folder_of_raw_captures_carries_the_job_as_job_json(tmp_path):
     d = diagnose(snap).to_json()
     need = next(e for e in d["evidence"] if e["name"] == "kv_need_per_request")
     assert need["source"].startswith("job: job workload")
+
+
+@pytest.mark.parametrize(("batch_size", "told"), [(50, True), (500, False)])
+def test_a_launch_the_workers_batches_cannot_fill_is_named(batch_size: int, told: bool):
+    """The GPU check's batches of 50 (two per worker: 100 prompts) under the 108 the real
+    relaunch ran: the reasons say the engine will not fill and what batch size would."""
+    snap = snapshot.load(BIG80)
+    snap["job"] = {**SHORT_JOB, "batch_size": batch_size, "worker_prompts_max": 2 * batch_size}
+    d, _chosen = _recommended(snap)
+    cap = d["recommendation"]["predicted"]["max_running_requests"]
+    assert cap > 100  # the short rows keep the no-radix launch
+    said = [x for x in d["recommendation"]["reasons"] if "will not fill" in x]
+    assert bool(said) is told, d["recommendation"]["reasons"]
+    if told:
+        assert "at most 100 prompts" in said[0]
+        assert f"batches of at least {-(-cap // 2)}" in said[0]
+
+
+def test_the_snapshot_says_how_many_prompts_a_worker_can_hold(r: redis.Redis, tmp_path):
+    from config.settings import load_settings
+    from workers.tune.job_lengths import running_job_section
+
+    spec = JobSpec(name="held", total=100, batch_size=50, n_batches=2, input_path="x",
+                   input_fingerprint="f", sampling=SamplingSpec(max_new_tokens=400))
+    jobstate.register_job(r, "held", spec.model_dump_json())
+    r.hset(jobstate.in_flight_key("gpu0@host"), "held/0", b"{}")
+    settings = load_settings().model_copy(update={"store_url": (tmp_path / "s").as_uri()})
+    section = running_job_section(settings, r, "gpu0@host")
+    assert section is not None
+    assert section["worker_prompts_max"] == settings.batches_per_gpu * 50

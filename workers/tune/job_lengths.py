@@ -104,6 +104,7 @@ def job_section(r: redis.Redis, node: str | None,
     out: dict[str, Any] = {"name": job}
     if spec is not None:
         out["max_new_tokens"] = spec.sampling.max_new_tokens
+        out["batch_size"] = spec.batch_size
     if counts["completed"] and counts["output_tokens"]:
         out.update(completed=counts["completed"],
                    output_tokens_mean=counts["output_tokens"] / counts["completed"],
@@ -126,6 +127,10 @@ def running_job_section(settings: Settings, r: redis.Redis,
     except (FleetError, OSError, ValueError):
         store = None
     try:
-        return job_section(r, node, store)
+        section = job_section(r, node, store)
     except redis.RedisError:
         return None
+    if section is not None and section.get("batch_size"):
+        # What a worker can have in flight at most: its batches' prompts (workers/celery_app.py).
+        section["worker_prompts_max"] = settings.batches_per_gpu * int(section["batch_size"])
+    return section

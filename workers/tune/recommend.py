@@ -202,6 +202,21 @@ def _knee_reason(chosen: Option, sit: Situation) -> str | None:
     )
 
 
+def _supply_reason(view: EngineView, chosen: Option) -> str | None:
+    """When the worker cannot hold as many of the job's prompts as the launch would run."""
+    held = (view.job or {}).get("worker_prompts_max")
+    if not held or held >= chosen.cap:
+        return None
+    size = int((view.job or {}).get("batch_size") or held)
+    batches = max(held // size, 1)
+    return (
+        f"the worker holds at most {held} prompts of this job ({batches} batches of {size}), fewer "
+        f"than the {chosen.cap} this launch runs: the engine will not fill, and a canary's "
+        f"window will not be at steady state; cut the job into batches of at least "
+        f"{math.ceil(chosen.cap / batches)}"
+    )
+
+
 def _running_cap(
     view: EngineView, verdict: Verdict, headroom: float
 ) -> tuple[Verdict, Recommendation]:
@@ -224,6 +239,7 @@ def _running_cap(
         _bf16_reason(options, chosen, sit),
         _cap_reason(view, chosen),
         _knee_reason(chosen, sit),
+        _supply_reason(view, chosen),
     ):
         if extra:
             reasons.append(extra)
