@@ -47,14 +47,14 @@ class NewTokenRatio:
 PAGE_SIZE = 1
 
 
-def admission_tokens(prefill_tokens: int, remaining_output: int, ratio: float) -> float:
+def admission_tokens(prefill_tokens: float, remaining_output: float, ratio: float) -> float:
     """KV tokens ``PrefillAdder`` keeps aside for a request already running
     (``_get_running_request_total_token_offset``): its remaining output budget, clipped to
     CLIP_MAX_NEW_TOKENS, times the new-token ratio (plus ``prefill_tokens`` not yet held)."""
     return prefill_tokens + min(max(0, remaining_output), CLIP_MAX_NEW_TOKENS) * ratio
 
 
-def newcomer_tokens(input_tokens: int, remaining_output: int) -> int:
+def newcomer_tokens(input_tokens: float, remaining_output: float) -> float:
     """What ``PrefillAdder.add_one_req`` charges a request it is about to admit (0.5.11): its
     whole prompt, its whole remaining output budget clipped to CLIP_MAX_NEW_TOKENS (no ratio)
     and a page; it is refused when that is ``>=`` what is left (``rem_total_tokens``)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.engine import capacity
+from workers.engine.admission import admission_tokens, newcomer_tokens
 
 # Where the per-request figures came from, most to least trustworthy.
 BASIS_JOB = "job"  # the fleet's job record: its max_new_tokens and its completed rows
@@ -53,13 +54,13 @@ class KvNeed:
         decoded = max(self.held - self.prompt, 0.0)
         return min(max(self.max_new - decoded, 0.0), capacity.CLIP_MAX_NEW_TOKENS)
 
-    def newcomer(self, page_size: int = 1) -> float:
+    def newcomer(self) -> float:
         """``add_one_req``'s ``total_tokens`` for a fresh request of this job."""
-        return self.prompt + min(self.max_new, capacity.CLIP_MAX_NEW_TOKENS) + page_size
+        return newcomer_tokens(self.prompt, self.max_new)
 
     def per_running(self, ratio: float) -> float:
         """Pool tokens each running request takes from admission's room at ``ratio``."""
-        return self.held + ratio * self.reserved
+        return admission_tokens(self.held, self.reserved, ratio)
 
     def describe(self) -> str:
         """``~2,500 tokens`` and what the figure is, for reasons."""
@@ -73,10 +74,9 @@ def floor_ratio(conservativeness: float = 1.0) -> float:
     return capacity.NewTokenRatio.from_conservativeness(conservativeness).floor
 
 
-def kv_held_requests(pool_tokens: int, need: KvNeed, ratio: float | None = None,
-                     page_size: int = 1) -> int:
+def kv_held_requests(pool_tokens: int, need: KvNeed, ratio: float | None = None) -> int:
     """Running requests of ``need``'s job that ``pool_tokens`` KV tokens admit and hold."""
-    room = pool_tokens - need.newcomer(page_size)
+    room = pool_tokens - need.newcomer()
     if room <= 0:
         return 0
     per = need.per_running(floor_ratio() if ratio is None else ratio)
