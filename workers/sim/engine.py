@@ -24,8 +24,12 @@ import time
 from collections import deque
 from typing import Any
 
-from workers.engine.admission import admitted_offset, newcomer_tokens
-from workers.engine.capacity import NewTokenRatio, admission_tokens
+from workers.engine.admission import (
+    NewTokenRatio,
+    admission_tokens,
+    admitted_offset,
+    newcomer_tokens,
+)
 from workers.sim.calibration import B200_WORKLOAD, Calibration
 from workers.sim.radix import PrefixCache
 from workers.sim.records import EngineConfig, Interval, Observer, SimRequest, Snapshot
