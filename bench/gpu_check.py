@@ -137,28 +137,26 @@ def run_plain_client(urls: list[str], prompts: Path, in_flight: int,
             "decode_tok_s": round((after - before) / max(result.seconds, 1e-9), 1)}
 
 
-def tune_auto(fleet: Fleet, window_s: float) -> dict[str, Any]:
-    """``fleet tune auto --json`` on GPU 0 while the job runs; its report."""
-    res = subprocess.run(
-        [sys.executable, "-m", "producer", "tune", "auto", "--canary", "gpu0", "--max-trials",
-         "1", "--window-s", str(window_s), "--settle-timeout-s", "240",
-         "--restart-timeout-s", "600", "--json"],
-        env=fleet.env(), capture_output=True, text=True, timeout=1500)
+def tune_json(fleet: Fleet, *args: str, timeout_s: float) -> dict[str, Any]:
+    """``fleet tune ARGS --json`` as a user runs it; its JSON, or the error it printed."""
+    res = subprocess.run([sys.executable, "-m", "producer", "tune", *args, "--json"],
+                         env=fleet.env(), capture_output=True, text=True, timeout=timeout_s)
     try:
-        return {"tune_auto": json.loads(res.stdout)}
+        return dict(json.loads(res.stdout))
     except json.JSONDecodeError:
-        return {"tune_auto": {"error": (res.stderr or res.stdout)[-1500:]}}
+        return {"error": (res.stderr or res.stdout)[-1500:]}
+
+
+def tune_auto(fleet: Fleet, window_s: float) -> dict[str, Any]:
+    """``fleet tune auto`` on GPU 0 while the job runs; its report."""
+    return {"tune_auto": tune_json(fleet, "auto", "--canary", "gpu0", "--max-trials", "1",
+                                   "--window-s", str(window_s), "--settle-timeout-s", "240",
+                                   "--restart-timeout-s", "600", timeout_s=1500)}
 
 
 def diagnose(fleet: Fleet, gpu: int) -> dict[str, Any]:
-    """``fleet tune diagnose --gpu N --json`` on the live engine."""
-    res = subprocess.run([sys.executable, "-m", "producer", "tune", "diagnose", "--gpu",
-                          str(gpu), "--json"], env=fleet.env(), capture_output=True, text=True,
-                         timeout=300)
-    try:
-        return json.loads(res.stdout)
-    except json.JSONDecodeError:
-        return {"error": (res.stderr or res.stdout)[-1500:]}
+    """``fleet tune diagnose --gpu N`` on the live engine."""
+    return tune_json(fleet, "diagnose", "--gpu", str(gpu), timeout_s=300)
 
 
 def table(summary: dict[str, Any]) -> str:
