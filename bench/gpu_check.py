@@ -52,6 +52,10 @@ from workers.delivery import jobstate
 WORKLOAD_SIGMA = 0.8
 
 
+class StartFailed(RuntimeError):
+    """No worker's engine became healthy (the launch was refused or did not fit)."""
+
+
 def write_prompts(path: Path, n: int, mean_tokens: float, sigma: float, cap: int,
                   seed: int) -> Path:
     """``n`` OpenAI-batch chat rows, each with a seeded ``max_tokens`` from a log-normal."""
@@ -104,7 +108,8 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
                        "--max-new-tokens", str(max_new))
         extra: dict[str, Any] = {}
         if during is not None:
-            while watch.timeline.t_first is None:
+            # A job quicker than the watcher's first sample is done before it is seen running.
+            while watch.timeline.t_first is None and watch.timeline.t_done is None:
                 time.sleep(0.2)
             extra = during(watch.timeline) or {}
         tl = watch.wait(timeout_s)
@@ -139,12 +144,17 @@ def run_plain_client(urls: list[str], prompts: Path, in_flight: int,
 
 def tune_json(fleet: Fleet, *args: str, timeout_s: float) -> dict[str, Any]:
     """``fleet tune ARGS --json`` as a user runs it; its JSON, or the error it printed."""
-    res = subprocess.run([sys.executable, "-m", "producer", "tune", *args, "--json"],
-                         env=fleet.env(), capture_output=True, text=True, timeout=timeout_s)
+    # Its log goes to a file beside the workers' as it runs: a run cut by the call's time limit
+    # keeps how far the tuner got.
+    log = fleet.workdir / "logs" / f"tune-{args[0]}.log"
+    with log.open("a") as err:
+        res = subprocess.run([sys.executable, "-m", "producer", "tune", *args, "--json"],
+                             env=fleet.env(), stdout=subprocess.PIPE, stderr=err, text=True,
+                             timeout=timeout_s)
     try:
         return dict(json.loads(res.stdout))
     except json.JSONDecodeError:
-        return {"error": (res.stderr or res.stdout)[-1500:]}
+        return {"error": (res.stdout or log.read_text())[-1500:]}
 
 
 def tune_auto(fleet: Fleet, window_s: float) -> dict[str, Any]:
@@ -188,7 +198,10 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
     """Start the workers, run the job and the optional phases; ``result`` is rewritten after
     each phase."""
     t0 = time.monotonic()
-    fleet.start_workers(gpus, timeout_s=args.start_timeout_s)
+    try:
+        fleet.start_workers(gpus, timeout_s=args.start_timeout_s)
+    except Exception as exc:  # the engine log (kept below) says why; exit 3 tells the caller
+        raise StartFailed(str(exc)[-1500:]) from exc
     started = round(time.monotonic() - t0, 1)
     urls = [fleet.engine_url(g) for g in range(gpus)]
     summary["workers"] = [{"gpu": g, "healthy_after_s": started,
@@ -239,7 +252,7 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the check; exit 1 unless every job verified exactly."""
+    """Run the check; exit 1 unless every job verified exactly, 3 if no engine started."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--profile", default="qwen36-27b-h200-dummy")
     ap.add_argument("--engine", default="sglang", choices=("sglang", "sim"))
@@ -272,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     with local_fleet("gpu-check", **env) as fleet:
         try:
             phases(fleet, args, gpus, stamp, summary, result)
+        except StartFailed as exc:
+            summary["start_error"] = str(exc)
         finally:  # a run stopped by its time limit (SIGINT) keeps what it did and the logs
             fleet.stop_workers()
             time.sleep(3)
@@ -284,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                                 summary.get("fault_job")) if j) and "job" in summary
             result.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
+    if "start_error" in summary:
+        print(f"gpu-check: no engine became healthy: {summary['start_error']}", file=sys.stderr)
+        return 3
     print(table(summary))
     return 0 if summary["ok"] else 1
 
