@@ -147,6 +147,53 @@ class Timeline:
         return self.t_done - self.t_first
 
 
+def engine_busy(http: httpx.Client, urls: list[str], caps: list[int]) -> tuple[float, int]:
+    """(busy running slots / all slots, waiting requests) over every engine, from /v1/loads.
+    ``caps`` is updated in place: a relaunched engine (tune apply) has a new cap."""
+    running = waiting = 0
+    for i, url in enumerate(urls):
+        try:
+            entry = orjson.loads(http.get(f"{url}/v1/loads").content)["loads"][0]
+        except httpx.HTTPError:  # an engine that is down or restarting runs nothing
+            continue
+        running += int(entry["num_running_reqs"])
+        waiting += int(entry["num_waiting_reqs"])
+        caps[i] = int(entry.get("max_running_requests") or caps[i])
+    return running / sum(caps), waiting
+
+
+class LoadSampler:
+    """A thread that samples the engines' busy slots as ``JobWatch`` does, for a client that is
+    not the fleet (a plain client is watched the same way, so both carry the same probes)."""
+
+    def __init__(self, urls: list[str], caps: list[int], interval_s: float) -> None:
+        self.urls, self.caps, self.interval_s = urls, list(caps), interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def occupancy(self) -> float:
+        """Mean busy-slot fraction from the first busy sample on."""
+        first = next((i for i, b in enumerate(self.samples) if b > 0), len(self.samples))
+        window = self.samples[first:]
+        return sum(window) / len(window) if window else 0.0
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                self.samples.append(engine_busy(http, self.urls, self.caps)[0])
+                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))
+
+
 class JobWatch:
     """A thread that samples every engine's running slots and the job's batches until done."""
 
@@ -182,18 +229,7 @@ class JobWatch:
         return tl
 
     def _busy(self) -> tuple[float, int]:
-        """(busy running slots / all slots, waiting requests) over every engine."""
-        running = waiting = 0
-        for i, url in enumerate(self.urls):
-            try:
-                entry = orjson.loads(self._http.get(f"{url}/v1/loads").content)["loads"][0]
-            except httpx.HTTPError:  # an engine that is down or restarting runs nothing
-                continue
-            running += int(entry["num_running_reqs"])
-            waiting += int(entry["num_waiting_reqs"])
-            # A relaunched engine (tune apply) has a new cap: the slots are its, not the old.
-            self.caps[i] = int(entry.get("max_running_requests") or self.caps[i])
-        return running / sum(self.caps), waiting
+        return engine_busy(self._http, self.urls, self.caps)
 
     def _decode_tokens(self) -> float | None:
         """The engines' decode-token counter, or None while one is down (it restarts at 0)."""

@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from bench.common import Fleet, local_fleet
-from bench.engines import JobWatch, decode_tokens
+from bench.engines import JobWatch, LoadSampler, decode_tokens
 from bench.gpu_configs import gpu_memory_used_mib
 from bench.plain_client import read_prompts, run_plain
 from workers.delivery import jobstate
@@ -50,6 +50,8 @@ from workers.delivery import jobstate
 # The workload's output lengths (docs/workload.md): log-normal, mean 2,490, capped at
 # --max-new-tokens 7000. A run of minutes on one GPU scales the mean down, keeps the shape.
 WORKLOAD_SIGMA = 0.8
+# Seconds between two samples of the engines' /v1/loads, for the fleet's job and a plain client.
+WATCH_INTERVAL_S = 0.5
 
 
 class StartFailed(RuntimeError):
@@ -103,7 +105,7 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
     """Enqueue, watch from the engines' side until done, verify; ``during(timeline)`` runs
     once the first request is running."""
     n_batches = math.ceil(n / batch_size)
-    with JobWatch(urls, caps, fleet.r, job, n_batches, 0.5) as watch:
+    with JobWatch(urls, caps, fleet.r, job, n_batches, WATCH_INTERVAL_S) as watch:
         fleet.producer("enqueue", str(prompts), "--job", job, "--batch-size", str(batch_size),
                        "--max-new-tokens", str(max_new))
         extra: dict[str, Any] = {}
@@ -129,17 +131,19 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
             "verify": verify, **extra}
 
 
-def run_plain_client(urls: list[str], prompts: Path, in_flight: int,
+def run_plain_client(urls: list[str], caps: list[int], prompts: Path, in_flight: int,
                      max_new: int) -> dict[str, Any]:
-    """The seed's client: ``in_flight`` requests per server, decode tok/s from /metrics."""
-    with httpx.Client(timeout=30) as http:
+    """The seed's client: ``in_flight`` requests per server, decode tok/s from /metrics. The
+    engines are sampled as during the fleet's job (the same probes at the same rate)."""
+    with httpx.Client(timeout=30) as http, LoadSampler(urls, caps, WATCH_INTERVAL_S) as watch:
         before = decode_tokens(http, urls)
         result = asyncio.run(run_plain(urls, read_prompts(prompts), in_flight, max_new))
         after = decode_tokens(http, urls)
     return {"in_flight": in_flight, "seconds": round(result.seconds, 1),
             "completed": result.completed, "failed": result.failed,
             "output_tokens": result.output_tokens,
-            "decode_tok_s": round((after - before) / max(result.seconds, 1e-9), 1)}
+            "decode_tok_s": round((after - before) / max(result.seconds, 1e-9), 1),
+            "occupancy": round(watch.occupancy(), 3)}
 
 
 def tune_json(fleet: Fleet, *args: str, timeout_s: float) -> dict[str, Any]:
@@ -186,8 +190,9 @@ def table(summary: dict[str, Any]) -> str:
             rows.append((f"{key}: verify", f"ok={v['ok']} unique={v['unique']} "
                          f"missing={v['missing']} duplicates={v['duplicates']}"))
     for p in summary.get("plain", []):
-        rows.append((f"plain {p['in_flight']} in flight: s / tok/s / fleet ratio",
-                     f"{p['seconds']} / {p['decode_tok_s']} / {p.get('fleet_ratio')}"))
+        rows.append((f"plain {p['in_flight']} in flight: s / tok/s / occupancy / fleet ratio",
+                     f"{p['seconds']} / {p['decode_tok_s']} / {p.get('occupancy')} / "
+                     f"{p.get('fleet_ratio')}"))
     rows.append(("GPU memory used after stop (MiB)", summary.get("memory_after_stop_mib")))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -232,7 +237,7 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
     result.write_text(json.dumps(summary, indent=2) + "\n")
     summary["plain"] = []
     for n in [int(x) for x in args.plain.split(",") if x.strip()]:
-        plain = run_plain_client(urls, prompts, n, args.max_new_tokens)
+        plain = run_plain_client(urls, caps, prompts, n, args.max_new_tokens)
         plain["fleet_ratio"] = round((job["decode_tok_s"] or 0) / max(plain["decode_tok_s"], 1e-9),
                                      3)
         summary["plain"].append(plain)
@@ -262,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigma", type=float, default=WORKLOAD_SIGMA)
     ap.add_argument("--max-new-tokens", type=int, default=640)
     ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--batches-per-gpu", type=int, default=0,
+                    help="FLEET_BATCHES_PER_GPU of the workers (default: the setting's)")
     ap.add_argument("--plain", default="", help="comma-separated in-flight counts")
     ap.add_argument("--tune-auto", action="store_true")
     ap.add_argument("--tune-window-s", type=float, default=40.0)
@@ -277,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     env = {"FLEET_ENGINE": args.engine, "FLEET_PROFILE": args.profile,
            "FLEET_ENGINE_WAIT_S": "600", "FLEET_ENGINE_START_TIMEOUT_S": str(args.start_timeout_s)}
+    if args.engine == "sim":  # the caller's simulator settings (FLEET_SIM_CALIBRATION, ...)
+        env.update({k: v for k, v in os.environ.items() if k.startswith("FLEET_SIM_")})
+    if args.batches_per_gpu:
+        env["FLEET_BATCHES_PER_GPU"] = str(args.batches_per_gpu)
     summary: dict[str, Any] = {"date": stamp, "profile": args.profile, "engine": args.engine,
+                               "argv": sys.argv[1:] if argv is None else argv,
                                "gpus": gpus, "memory_before_mib": gpu_memory_used_mib(),
                                "note": "dummy weights on the H200: lengths are the rows' "
                                "max_tokens, MTP accepts ~1.0 token per step"}
