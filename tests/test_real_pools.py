@@ -154,8 +154,13 @@ def test_every_new_capture_is_predicted_from_its_flags_and_config(stage, launch)
         return
     plan = plan_capacity(shape, engine_flags, H200_MIB)
     assert plan.max_running_requests == log.scheduler.max_running_requests
-    assert plan.max_total_num_tokens == pytest.approx(log.scheduler.max_total_num_tokens,
-                                                      rel=0.001)
+    # 0.1 %, or for a small pool the start-up constant's precision: it comes from free memory
+    # logged to 0.01 GB, which is 327 tokens of this hybrid's KV (the bf16-SSM launch's pool is
+    # 29,441 tokens, predicted 29,741).
+    precision = 0.01 * 2**30 / kv_cell_bytes(shape, engine_flags)
+    assert plan.max_total_num_tokens == pytest.approx(
+        log.scheduler.max_total_num_tokens,
+        abs=max(0.001 * log.scheduler.max_total_num_tokens, precision))
     assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051)
     if log.mamba is not None:
         parts = mamba_breakdown_gib(shape, engine_flags, plan)
