@@ -70,7 +70,7 @@ B200_WORKLOAD = Calibration(
 # running, 270 to 8,094 tokens of context per request) gives 19.13 + 0.788 * running +
 # 0.002394 * mean context ms (rms 0.34 ms, worst 0.93 ms): 38.8 ms at 1 running with 8 k of
 # context, 32.5 at 16, 51.5 at 40. Accept length 1.008 (random weights) -> rate 0.008 / 3.
-# Prefill: every round costs 128 ms however small (150 decode intervals of the gpu-check's
+# Prefill: every round costs 128 ms however small (147 decode intervals of the gpu-check's
 # short-row jobs, 10.5 rounds of ~33 tokens each per interval, 2026-12-01 12:04 and 12:26 runs);
 # 34 prompts (8,192 tokens) in one chunk took <= 333 ms and one 8,184-token prompt 1.28 s end
 # to end -> 45,000 tok/s plus 1.45e-8 s per token^2 on top of the round. Start-up: 85, 102,
