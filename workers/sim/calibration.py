@@ -40,7 +40,11 @@ class Calibration:
         return ms if speculative else ms * self.non_spec_step_scale
 
     def prefill_s(self, tokens: int, squares: float) -> float:
-        """Seconds of one prefill round of ``tokens`` new tokens (``squares``: sum of len^2)."""
+        """Seconds of one prefill round of ``tokens`` new tokens (``squares``: sum of len^2).
+
+        A round is its own forward that runs instead of a decode step (``Scheduler.
+        get_next_batch_to_run``, 0.5.11: a new prefill batch runs first), so its fixed cost
+        holds up every running request: the simulator's loop adds it to the step's pace."""
         return (self.prefill_round_ms / 1000 + tokens / self.prefill_tokens_per_s
                 + squares * self.prefill_sq_s)
 
