@@ -16,7 +16,6 @@ For KV capacity: the free memory, fewer Mamba slots where they sit idle, and FP8
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -114,11 +113,6 @@ class Option:
     def running(self) -> int:
         """What the engine would run of this job: the cap, or fewer where KV binds."""
         return self.cap if self.kv_running is None else min(self.cap, self.kv_running)
-
-    @property
-    def kv_binds(self) -> bool:
-        """Whether the KV pool, not the cap, would bound the running count."""
-        return self.prediction is not None and self.running < self.cap
 
     def to_json(self) -> dict[str, Any]:
         """The option as reported under ``recommendation.options``."""
@@ -278,8 +272,3 @@ def choose(options: list[Option], key: str = "tok_s") -> Option | None:
     ):
         return best_lossy
     return best
-
-
-def with_note(option: Option, note: str) -> Option:
-    """A copy of ``option`` with ``note``."""
-    return dataclasses.replace(option, note=note)
