@@ -59,6 +59,7 @@ SCHEMA = pa.schema([
     pa.field("node", pa.string()),
     pa.field("reused_from", pa.string()),
     pa.field("launch_digest", pa.string()),
+    pa.field("finished_at", pa.float64()),
 ])
 
 

@@ -72,6 +72,8 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
         "status": "ok" if done else "failed", "error": error,
         "profile": env.profile, "gpu": env.me.gpu, "node": env.me.node,
         "launch_digest": env.launch_digest,
+        # When the outcome arrived (unix s): the report's time axis at any job length.
+        "finished_at": round(time.time(), 3),
     }
 
 
@@ -119,7 +121,6 @@ class ProgressRecorder:
 
     def __init__(self, env: BatchEnv, job: str, batch: int, token: str) -> None:
         self._env, self._job, self._batch, self._token = env, job, batch, token
-        self._keys = jobstate.Keys(job)
         # Rows by manifest bucket (ok/truncated/failed/quarantined), recorded one bucket per call.
         self._buf: dict[str, list[tuple[int, bytes, str, int]]] = {}
         self._bytes = 0
@@ -165,9 +166,8 @@ class ProgressRecorder:
         # The chunk's name is taken before any await: a name is never written twice, so a
         # recorded index always finds its row in the chunk it names.
         name, self._seq = f"{self._chunk_tag}-{self._seq:06d}", self._seq + 1
-        k, node = self._keys, self._env.me.node
-        keys = [k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
-                jobstate.node_stats_key(node), k.owner(self._batch), k.bstats]
+        node = self._env.me.node
+        keys = jobstate.record_keys(self._job, self._batch, jobstate.node_stats_key(node))
         fresh: dict[str, int] = {}
         written: list[str] = []
         try:
