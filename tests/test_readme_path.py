@@ -15,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from producer.localfleet import WorkerProcess, wait_healthy
 from tests.conftest import ROOT, run_producer, write_prompts
@@ -67,7 +69,21 @@ def test_the_readme_path_ends_done_and_builds_the_data_set(readme_env, tmp_path,
         assert st["state"] == "done" and st["dataset"] == "committed v1"
         assert st["store"]["url"] == (project / "fleet-data").as_uri()
         assert st["rate_per_sec"] > 0 and st["eta_hours"] == 0.0
-        time.sleep(10)
+        first_read = time.monotonic()
+        # Prometheus (the worker's /metrics) and Flower's worker page (inspect stats) agree.
+        port = int(readme_env["FLEET_METRICS_BASE_PORT"])
+        fams = {f.name: f for f in text_string_to_metric_families(
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)}
+        states = {s.labels["state"]: s.value for s in fams["fleet_job_state"].samples
+                  if s.labels["job"] == "regen"}
+        assert states == {"running": 0, "paused": 0, "cancelled": 0, "done": 1}
+        assert fams["fleet_job_dataset_version"].samples[0].value == 1
+        res = subprocess.run([sys.executable, "-m", "celery", "-A", "workers", "inspect",
+                              "stats", "-j", "-t", "5"], env=readme_env, cwd=project,
+                             capture_output=True, text=True, timeout=60)
+        (stats,) = orjson.loads(res.stdout).values()
+        assert stats["fleet_jobs"]["regen"] == "done 100.0 %, data set committed v1"
+        time.sleep(max(0.0, 10 - (time.monotonic() - first_read)))
         later = orjson.loads(_fleet(readme_env, elsewhere, "status", "--job", "regen",
                                     "--json").stdout)
         assert later["elapsed_s"] == st["elapsed_s"]
