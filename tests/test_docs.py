@@ -211,7 +211,7 @@ def _range_statements(text: str) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("doc", [*DOCS, ROOT / "pyproject.toml"], ids=_doc_id)
 def test_every_page_states_the_supported_range_of_the_code(doc: Path) -> None:
-    from workers.engine.releases import NEWEST, OLDEST
+    from workers.engine.versions import NEWEST, OLDEST
 
     for line, first, last in _range_statements(doc.read_text()):
         assert first == OLDEST and last in (NEWEST, "*"), (
@@ -220,7 +220,7 @@ def test_every_page_states_the_supported_range_of_the_code(doc: Path) -> None:
 
 
 def test_the_range_check_catches_a_page_that_disagrees() -> None:
-    from workers.engine.releases import NEWEST
+    from workers.engine.versions import NEWEST
 
     for wrong in ("pip install -e '.[gpu]'   # adds sglang (0.5.10.post1 or 0.5.11)",
                   "Supported SGLang: `0.5.10.post1` and `0.5.11` (`.[gpu]` pins that range)"):

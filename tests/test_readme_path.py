@@ -96,6 +96,11 @@ def test_the_readme_path_ends_done_and_builds_the_data_set(readme_env, tmp_path,
         data = Path(res.stdout.strip())
         assert data.is_dir() and data.is_relative_to(project / "fleet-data")
         assert list(data.glob("*.parquet"))
+        res = _fleet(readme_env, elsewhere, "report", "--job", "regen", "--out",
+                     str(tmp_path / "report"), "--json")
+        summary = orjson.loads(res.stdout)
+        assert (summary["state"], summary["rate_per_sec"]) == ("done", st["rate_per_sec"])
+        assert summary["bucket_s"] <= 2  # a job of seconds is drawn in buckets of seconds
         res = _fleet(readme_env, elsewhere, "verify", "--job", "regen", "--json")
         assert res.returncode == 0 and orjson.loads(res.stdout)["unique"] == 60
         # Piped, the table is drawn whole and ends with a newline.
