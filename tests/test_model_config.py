@@ -189,7 +189,9 @@ def test_mla_cell_is_the_latent_and_not_split_by_tp() -> None:
            "vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61,
            "num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
            "intermediate_size": 18432, "max_position_embeddings": 163840}
-    with pytest.raises(ModelConfigError, match=r"dsv3/model.safetensors.index.json: key "):
+    # Without an index the weights are counted from the config, which must then name the MLA
+    # head sizes (one line naming the key, as for every other family).
+    with pytest.raises(ModelConfigError, match=r"dsv3/config.json: key 'qk_nope_head_dim'"):
         mc.shape_from_config(cfg, "dsv3/config.json")
     s = mc.shape_from_config(cfg, "dsv3/config.json", index_total=640 * GIB)
     assert s.kv_bytes_per_token == 61 * (512 + 64) * 2 and s.kv_heads == 0
@@ -226,3 +228,32 @@ def test_the_caching_allocators_segments_are_what_memory_shows() -> None:
               ("a", 3, 64 * mib), ("f", 3, 0)]
     assert reserved_bytes(events) == 40 * mib
     assert reserved_bytes([*events, ("f", 0, 0)]) == 20 * mib
+
+
+def test_issue_28_families_count_their_published_sizes_from_the_config_alone() -> None:
+    """No index: DeepSeek-V2-Lite 15.7 B and Qwen3-235B-A22B 235.1 B parameters (their model
+    cards), DeepSeek-V3 in fp8 with block scales, and the Mamba-2 hybrids' state and layers."""
+    lite = model_shape(str(MODELS / "deepseek-v2-lite"))
+    assert lite.weights_source == "config" and lite.kv_bytes_per_token == 27 * 576 * 2
+    assert (lite.tensor_gib * GIB) / 2 == pytest.approx(15.7e9, rel=0.01)
+    big = model_shape(str(MODELS / "qwen3-235b-a22b"))
+    assert (big.tensor_gib * GIB - 40960 * 128 * 4) / 2 == pytest.approx(235.09e9, rel=0.001)
+    v3 = model_shape(str(MODELS / "deepseek-v3"))
+    assert 600 < v3.weights_gib < 660  # 671 B parameters, the Linear ones in fp8
+    falcon = model_shape(str(MODELS / "falcon-h1-7b"))
+    assert (falcon.full_attention_layers, falcon.linear_attention_layers) == (44, 44)
+    # per layer: SSM 24 heads x 128 x 256 fp32, conv (3072 + 2 x 256) x 3 bf16
+    assert falcon.mamba_bytes_per_slot == 44 * (24 * 128 * 256 * 4 + 3584 * 3 * 2)
+    nemo = model_shape(str(MODELS / "nemotron-h-8b"))
+    # hybrid_override_pattern: 24 Mamba-2, 4 attention, 24 MLP layers
+    assert (nemo.full_attention_layers, nemo.linear_attention_layers) == (4, 24)
+    assert nemo.kv_bytes_per_token == 4 * 8 * 256 * 2
+    assert nemo.mamba_bytes_per_slot == 24 * (128 * 64 * 128 * 4 + (8192 + 2 * 8 * 128) * 3 * 2)
+    granite = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+               "hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8,
+               "num_key_value_heads": 4, "vocab_size": 1000, "intermediate_size": 512,
+               "mamba_n_heads": 32, "mamba_d_head": 64, "mamba_ssm_dtype": "bfloat16"}
+    g = mc.shape_from_config(granite, "granite/config.json")
+    # default layer_types: attention where (l + 1) % 6 == 0; the config's SSM dtype is not read
+    assert (g.full_attention_layers, g.linear_attention_layers) == (2, 10)
+    assert g.mamba_ssm_dtype == "float32"

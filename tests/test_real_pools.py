@@ -161,7 +161,11 @@ def test_every_new_capture_is_predicted_from_its_flags_and_config(stage, launch)
     assert plan.max_total_num_tokens == pytest.approx(
         log.scheduler.max_total_num_tokens,
         abs=max(0.001 * log.scheduler.max_total_num_tokens, precision))
-    assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051)
+    # The issue asks 2 %; every family's count is within 0.1 % of the logged `mem usage` (the
+    # DeepSeek-V2-Lite shape 0.02 GiB light, the rest to the log's two decimals).
+    assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051, rel=0.001)
     if log.mamba is not None:
+        assert plan.max_mamba_cache_size == log.mamba.slots
         parts = mamba_breakdown_gib(shape, engine_flags, plan)
         assert round(parts["ssm_state"], 2) == log.mamba.ssm_gib
+        assert round(parts["conv_state"], 2) == log.mamba.conv_gib
