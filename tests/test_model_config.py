@@ -257,3 +257,38 @@ def test_issue_28_families_count_their_published_sizes_from_the_config_alone() -
     # default layer_types: attention where (l + 1) % 6 == 0; the config's SSM dtype is not read
     assert (g.full_attention_layers, g.linear_attention_layers) == (2, 10)
     assert g.mamba_ssm_dtype == "float32"
+
+
+def test_gpt_oss_as_published_counts_its_mxfp4_experts_at_4_25_bits() -> None:
+    """gpt-oss-20b's published config.json has ``quantization_config`` mxfp4 (the experts only):
+    ``Mxfp4MoEMethod.create_weights``' uint8 weights and scales and bf16 biases, about 12.8 GiB
+    (the H200 capture ran its bf16 form, 39.16 GB; the mxfp4 one was not run)."""
+    cfg = json.loads((MODELS / "gpt-oss-20b" / "config.json").read_text())
+    bf16 = mc.shape_from_config(cfg, "gpt-oss/config.json")
+    cfg["quantization_config"] = {"quant_method": "mxfp4",
+                                  "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    mx = mc.shape_from_config(cfg, "gpt-oss/config.json")
+    experts = 24 * 32 * 3 * 2880 * 2880  # expert width is intermediate_size (2880)
+    saved = experts * 2 - experts * (0.5 + 1 / 32)
+    assert bf16.tensor_gib - mx.tensor_gib == pytest.approx(saved / GIB, rel=1e-3)
+    assert 12.5 < mx.weights_gib < 13.5
+
+
+@pytest.mark.parametrize("model", ["deepseek-v2-lite", "falcon-h1-7b", "gemma-3-1b"])
+def test_an_index_total_adds_what_sglang_allocates_beyond_the_checkpoint(tmp_path, model) -> None:
+    """With ``model.safetensors.index.json`` the weights are its ``total_size`` plus the rope
+    cache and what the engine adds at load (MLA's w_kc/w_vc and YaRN tables, Gemma-3's second
+    rope, Falcon-H1's float32 head): the same bytes the config count gives."""
+    from workers.engine import weights as w
+
+    counted = model_shape(str(MODELS / model))
+    text = json.loads((MODELS / model / "config.json").read_text())
+    rope_dim = int(text.get("qk_rope_head_dim") or text.get("head_dim") or 128)
+    checkpoint = (counted.tensor_gib * GIB - w.rope_buffer_bytes(text, rope_dim)
+                  - w.runtime_extra_bytes(counted.architecture, text))
+    shutil.copy(MODELS / model / "config.json", tmp_path / "config.json")
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": int(checkpoint)}}))
+    indexed = model_shape(str(tmp_path))
+    assert indexed.weights_source == "safetensors index"
+    assert indexed.weights_gib == pytest.approx(counted.tensor_gib, abs=1e-6)

@@ -45,6 +45,7 @@ class Trace:
     tensor_bytes: int = 0
     ropes: set[tuple[int, int, object]] = field(default_factory=set)
     fp8_block: int = 0  # an fp8 checkpoint's weight_block_size (0: weights in the model dtype)
+    mxfp4: bool = False  # an mxfp4 checkpoint (gpt-oss as published): its experts in 4 bits
 
     def tensor(self, *numels: int, elem: int | None = None) -> None:
         """One live tensor per ``numel`` (a weight, a bias, a norm)."""
@@ -72,6 +73,13 @@ class Trace:
         I]`` (``layers/quantization/unquant.py::UnquantizedFusedMoEMethod.create_weights``; with
         ``with_bias`` float32 biases after each), fp8 with block scales when quantized."""
         up = (2 if gated else 1) * inter
+        if self.mxfp4:
+            # layers/quantization/mxfp4.py::Mxfp4MoEMethod.create_weights (no padding on Hopper
+            # without triton_kernels): uint8 pairs of e2m1, a uint8 scale per 32, bf16 biases.
+            for rows, cols in ((up, hidden), (hidden, inter)):
+                self.tensor(experts * rows * cols // 2, experts * rows * cols // 32, elem=1)
+                self.tensor(experts * rows, elem=2)
+            return
         for rows, cols, width in ((up, hidden, up), (hidden, inter, hidden)):
             if self.fp8_block:
                 block = self.fp8_block
@@ -215,7 +223,8 @@ def trace_model(
     (``qwen3_5.py::load_weights`` skips ``mtp`` names)."""
     family = FAMILY_TRACERS.get(arch)
     if family is not None:
-        t = Trace(_dtype_bytes(text), fp8_block=_fp8_block(text, top))
+        t = Trace(_dtype_bytes(text), fp8_block=_fp8_block(text, top),
+                  mxfp4=_quant_method(text, top) == "mxfp4")
         vision = top.get("vision_config")
         if arch == "Gemma3ForConditionalGeneration" and isinstance(vision, Mapping):
             _gemma3(t, text, layer_kinds, head_dim, vision)
@@ -240,6 +249,11 @@ def trace_model(
     if not bool(_get(text, "tie_word_embeddings", _get(top, "tie_word_embeddings", False))):
         t.tensor(vocab * hidden)
     return t
+
+
+def _quant_method(text: Mapping[str, Any], top: Mapping[str, Any]) -> str:
+    quant = _get(text, "quantization_config", _get(top, "quantization_config"))
+    return str(quant.get("quant_method", "")) if isinstance(quant, Mapping) else ""
 
 
 def _fp8_block(text: Mapping[str, Any], top: Mapping[str, Any]) -> int:
@@ -500,6 +514,25 @@ def _gemma3(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int,
         t.tensor(hidden, hidden, hidden, hidden)
     t.tensor(hidden)
     _lm_head(t, text, tied_default=True)
+
+
+def runtime_extra_bytes(arch: str, text: Mapping[str, Any]) -> int:
+    """What SGLang allocates beyond the checkpoint's tensors and one rope cache (added to an
+    index's ``total_size``): MLA's ``w_kc``/``w_vc`` copies and the DeepSeek-YaRN rope's two
+    extra tables (``_deepseek``), Gemma-3's second rope base, Falcon-H1's float32 head (the
+    checkpoint's is bf16)."""
+    if arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        heads, kv_lora = int(text["num_attention_heads"]), int(text["kv_lora_rank"])
+        copies = heads * (int(text["qk_nope_head_dim"]) + int(text["v_head_dim"])) * kv_lora * 2
+        positions, rotary = rope_shape(text, int(text["qk_rope_head_dim"]))
+        return int(text["num_hidden_layers"]) * copies + 2 * positions * rotary * FP32
+    if arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"):
+        head_dim = int(_get(text, "head_dim", 256))
+        return int(_get(text, "max_position_embeddings", 8192)) * head_dim * FP32
+    if arch == "FalconH1ForCausalLM":
+        return padded_vocab(int(text["vocab_size"])) * int(text["hidden_size"]) * (
+            FP32 - _dtype_bytes(text))
+    return 0
 
 
 FAMILY_TRACERS = {
