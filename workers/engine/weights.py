@@ -523,7 +523,9 @@ def runtime_extra_bytes(arch: str, text: Mapping[str, Any]) -> int:
     checkpoint's is bf16)."""
     if arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
         heads, kv_lora = int(text["num_attention_heads"]), int(text["kv_lora_rank"])
-        copies = heads * (int(text["qk_nope_head_dim"]) + int(text["v_head_dim"])) * kv_lora * 2
+        # DeepseekV2Config's defaults where a key is absent (128 each).
+        nope, v_dim = int(_get(text, "qk_nope_head_dim", 128)), int(_get(text, "v_head_dim", 128))
+        copies = heads * (nope + v_dim) * kv_lora * 2
         positions, rotary = rope_shape(text, int(text["qk_rope_head_dim"]))
         return int(text["num_hidden_layers"]) * copies + 2 * positions * rotary * FP32
     if arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"):
