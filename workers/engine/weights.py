@@ -366,21 +366,23 @@ def _nemotron_h(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: i
 
 def _granite_hybrid(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int) -> None:
     """``models/granitemoehybrid.py``: a Mamba-2 mixer or an attention block (rope only when
-    ``position_embedding_type`` is ``rope``), then the MoE (router, gated experts) and the shared
-    MLP, two norms; a tied head is allocated, then replaced by the embedding."""
+    ``position_embedding_type`` is ``rope``; head dim hidden / heads), then the MoE (router,
+    gated experts) and the shared MLP, two norms; a tied head is allocated, then replaced by the
+    embedding. Absent keys take ``configs/granitemoehybrid.py``'s defaults (``nope``, tied,
+    ``shared_intermediate_size`` 8192, no experts)."""
     from workers.engine.model_config import mamba2_params
 
     hidden = int(text["hidden_size"])
     m = mamba2_params(text, "GraniteMoeHybridForCausalLM")
     experts = int(_get(text, "num_local_experts", 0))
-    shared = int(_get(text, "shared_intermediate_size", 0))
+    shared = int(_get(text, "shared_intermediate_size", 8192))  # the config class's defaults
     _embed(t, text)
     for kind in kinds:
         if kind == "mamba":
             mamba2_mixer(t, hidden, m)
         else:
             _qkv_o(t, text, head_dim, bool(_get(text, "attention_bias", False)))
-            if _get(text, "position_embedding_type", "rope") == "rope":
+            if _get(text, "position_embedding_type", "nope") == "rope":
                 t.rope(*rope_shape(text, head_dim))
         if experts:
             t.tensor(hidden * experts)
@@ -393,7 +395,7 @@ def _granite_hybrid(t: Trace, text: Mapping[str, Any], kinds: list[str], head_di
     vocab = padded_vocab(int(text["vocab_size"]))
     index = len(t.events)
     t.tensor(vocab * hidden)
-    if bool(_get(text, "tie_word_embeddings", False)):
+    if bool(_get(text, "tie_word_embeddings", True)):
         t.free(index, vocab * hidden * t.elem)
 
 
