@@ -260,6 +260,13 @@ def test_issue_28_families_count_their_published_sizes_from_the_config_alone() -
     # default layer_types: attention where (l + 1) % 6 == 0; the config's SSM dtype is not read
     assert (g.full_attention_layers, g.linear_attention_layers) == (2, 10)
     assert g.mamba_ssm_dtype == "float32"
+    # A Granite-4.0-H-Small shape (not run: tests/fixtures/models/granite-4.0-h-small-shape): 36
+    # Mamba-2 layers of 128 heads x 64 x 128 fp32 and (8192 + 2 x 128) x 3 bf16, 4 attention
+    # layers of 8 KV heads x 128, no rope (position_embedding_type "nope"), the head tied.
+    small = model_shape(str(MODELS / "granite-4.0-h-small-shape"))
+    assert small.mamba_bytes_per_slot == 36 * (128 * 64 * 128 * 4 + 8448 * 3 * 2)
+    assert small.kv_bytes_per_token == 4 * 8 * 256 * 2
+    assert (small.tensor_gib * GIB) / 2 == pytest.approx(32.2e9, rel=0.01)
 
 
 def test_gpt_oss_as_published_counts_its_mxfp4_experts_at_4_25_bits() -> None:
