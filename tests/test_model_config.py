@@ -302,3 +302,30 @@ def test_an_index_total_adds_what_sglang_allocates_beyond_the_checkpoint(tmp_pat
     indexed = model_shape(str(tmp_path))
     assert indexed.weights_source == "safetensors index"
     assert indexed.weights_gib == pytest.approx(counted.tensor_gib, abs=1e-6)
+
+
+def test_olmoe_and_gemma3_4b_count_their_published_totals() -> None:
+    """OLMoE-1B-7B (expert width ``intermediate_size``, q/k norms over the hidden size): 6.92 B;
+    Gemma-3-4B as published (``Gemma3ForConditionalGeneration``: the SigLIP tower and projector,
+    the text model with Gemma3TextConfig's defaults, two rope bases): 4.30 B, plus its two
+    [131072, 256] float32 rope caches."""
+    olmoe = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+             "intermediate_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16,
+             "num_hidden_layers": 16, "num_experts": 64, "num_experts_per_tok": 8,
+             "vocab_size": 50304, "max_position_embeddings": 4096, "rope_theta": 10000,
+             "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    s = mc.shape_from_config(olmoe, "olmoe/config.json")
+    assert _params(s, 4096 * 128 * 4) == pytest.approx(6.919e9, rel=1e-3)
+    gemma = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+             "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                             "model_type": "gemma3_text", "num_hidden_layers": 34,
+                             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                             "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                             "sliding_window": 1024, "vocab_size": 262208},
+             "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                               "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                               "num_hidden_layers": 27, "patch_size": 14},
+             "torch_dtype": "bfloat16"}
+    g = mc.shape_from_config(gemma, "gemma3-4b/config.json")
+    assert _params(g, 2 * 131072 * 256 * 4) == pytest.approx(4.300e9, rel=2e-3)
+    assert g.multimodal and g.kv_bytes_per_token == 34 * 4 * 512 * 2 and g.swa_layers == 0

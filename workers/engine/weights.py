@@ -499,7 +499,8 @@ def _gemma3(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int,
     on global ones, both with default scaling), ``q_norm``/``k_norm``, the gated MLP and four
     norms; the head is tied by default."""
     hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
-    positions = int(_get(text, "max_position_embeddings", 8192))
+    # Gemma3TextConfig's defaults where the text config leaves them out.
+    positions = int(_get(text, "max_position_embeddings", 131072))
     if vision is not None:
         _siglip(t, vision, hidden)
     _embed(t, text, pad=False)
@@ -508,7 +509,7 @@ def _gemma3(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int,
         _qkv_o(t, text, head_dim, bool(_get(text, "attention_bias", False)))
         sliding = (layer + 1) % pattern != 0
         base = _get(text, "rope_local_base_freq", 10000.0) if sliding else _get(
-            text, "rope_theta", 10000.0)
+            text, "rope_theta", 1000000.0)
         t.rope(positions, head_dim, float(base))
         t.tensor(head_dim, head_dim)
         t.linear(hidden, 2 * inter)
@@ -539,6 +540,27 @@ def runtime_extra_bytes(arch: str, text: Mapping[str, Any]) -> int:
     return 0
 
 
+def _olmoe(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int) -> None:
+    """``models/olmoe.py``: ``qkv_proj``, ``q_norm`` and ``k_norm`` over the whole hidden size,
+    ``o_proj``, the rope; the router and the gated experts of width ``intermediate_size``; two
+    norms."""
+    hidden = int(text["hidden_size"])
+    experts = int(_get(text, "num_experts", 0))
+    _embed(t, text)
+    for _ in kinds:
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(_get(text, "num_key_value_heads", heads))
+        t.linear(hidden, (heads + 2 * kv_heads) * head_dim)
+        t.tensor(hidden, hidden)
+        t.linear(heads * head_dim, hidden)
+        t.rope(*rope_shape(text, head_dim))
+        t.tensor(hidden * experts)
+        t.experts(experts, hidden, int(text["intermediate_size"]))
+        t.tensor(hidden, hidden)
+    t.tensor(hidden)
+    _lm_head(t, text)
+
+
 FAMILY_TRACERS = {
     "FalconH1ForCausalLM": _falcon_h1,
     "NemotronHForCausalLM": _nemotron_h,
@@ -548,6 +570,7 @@ FAMILY_TRACERS = {
     "GptOssForCausalLM": _gpt_oss,
     "Gemma3ForCausalLM": _gemma3,
     "Gemma3ForConditionalGeneration": _gemma3,
+    "OlmoeForCausalLM": _olmoe,
 }
 
 
