@@ -329,3 +329,20 @@ def test_olmoe_and_gemma3_4b_count_their_published_totals() -> None:
     g = mc.shape_from_config(gemma, "gemma3-4b/config.json")
     assert _params(g, 2 * 131072 * 256 * 4) == pytest.approx(4.300e9, rel=2e-3)
     assert g.multimodal and g.kv_bytes_per_token == 34 * 4 * 512 * 2 and g.swa_layers == 0
+
+
+def test_deepseek_v3_fp8_counts_its_published_index_total() -> None:
+    """DeepSeek-V3's model.safetensors.index.json gives total_size 688,586,727,753: the fp8
+    Linear weights with a float32 scale per 128 x 128 block, bf16 embeddings, norms and gates,
+    and the MTP layer (model.layers.61, with its own embed_tokens and shared head). The config
+    count of the target model plus that layer comes within 0.05 %; with an index, the MTP layer is
+    taken back out, as SGLang's target model does not build it."""
+    from workers.engine import weights as w
+
+    text = json.loads((MODELS / "deepseek-v3" / "config.json").read_text())
+    v3 = model_shape(str(MODELS / "deepseek-v3"))
+    runtime = w.runtime_extra_bytes(v3.architecture, text) + w.rope_buffer_bytes(text, 64)
+    checkpoint = v3.tensor_gib * GIB - runtime + w.deepseek_mtp_checkpoint_bytes(text, text)
+    assert checkpoint == pytest.approx(688_586_727_753, rel=5e-4)
+    s = mc.shape_from_config(text, "dsv3/config.json", index_total=688_586_727_753)
+    assert s.weights_gib == pytest.approx(v3.tensor_gib, rel=5e-4)

@@ -402,6 +402,8 @@ def shape_from_config(cfg: Mapping[str, Any], source: str, name: str = "",
     if index_total is not None:
         # The checkpoint's tensors, less the MTP layer loaded as the draft, plus rope buffers.
         rope_dim = int(text.get("qk_rope_head_dim") or head_dim) if arch in MLA_ARCHS else head_dim
+        if arch in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"):
+            mtp_kept = w.deepseek_mtp_checkpoint_bytes(text, cfg)
         tensors = weights = (index_total - mtp_kept + w.rope_buffer_bytes(text, rope_dim)
                              + w.runtime_extra_bytes(arch, text))
     else:

@@ -171,7 +171,8 @@ def _mlp(t: Trace, text: Mapping[str, Any], layer: int) -> None:
         inter = int(text["intermediate_size"])
         t.tensor(hidden * 2 * inter, inter * hidden)
         return
-    inter = int(text["moe_intermediate_size"])
+    # Mixtral and OLMoE-style configs: the expert width is intermediate_size.
+    inter = int(_get(text, "moe_intermediate_size", text["intermediate_size"]))
     t.tensor(experts * 2 * inter * hidden, experts * hidden * inter, hidden * experts)
     shared = int(_get(text, "shared_expert_intermediate_size", 0))
     if shared:
@@ -407,48 +408,76 @@ def _deepseek(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int
     (plus a float32 ``e_score_correction_bias`` under ``noaux_tc``), the routed experts and the
     shared experts' MLP; after loading, ``post_load_weights`` keeps ``w_kc``/``w_vc`` copies of
     each ``kv_b_proj`` (``deepseek_common/deepseek_weight_loader.py``)."""
-    hidden = int(text["hidden_size"])
+    kv_lora = int(text["kv_lora_rank"])
     heads = int(text["num_attention_heads"])
-    nope, rope_dim = int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"])
-    v_dim, kv_lora = int(text["v_head_dim"]), int(text["kv_lora_rank"])
-    q_lora = _get(text, "q_lora_rank")
+    nope, v_dim = int(text["qk_nope_head_dim"]), int(text["v_head_dim"])
     experts = int(_get(text, "n_routed_experts", 0))
     dense_k = int(_get(text, "first_k_dense_replace", 0))
     freq = int(_get(text, "moe_layer_freq", 1))
     _embed(t, text)
     for layer in range(len(kinds)):
-        if q_lora:
-            t.linear(hidden, int(q_lora) + kv_lora + rope_dim)
-            t.tensor(int(q_lora))
-            t.linear(int(q_lora), heads * (nope + rope_dim))
-        else:
-            t.linear(hidden, heads * (nope + rope_dim))
-            t.linear(hidden, kv_lora + rope_dim)
-        t.linear(kv_lora, heads * (nope + v_dim))
-        t.linear(heads * v_dim, hidden)
-        t.tensor(kv_lora)
-        positions, rotary = rope_shape(text, rope_dim)
-        if (positions, rotary, "deepseek") not in t.ropes:
-            t.rope(positions, rotary, "deepseek")
-            t.tensor(positions * rotary, positions * rotary, elem=FP32)
-        if experts and layer >= dense_k and layer % freq == 0:
-            t.tensor(experts * hidden)
-            if _get(text, "topk_method") == "noaux_tc":
-                t.tensor(experts, elem=FP32)
-            t.experts(experts, hidden, int(text["moe_intermediate_size"]))
-            shared = int(_get(text, "n_shared_experts", 0)) * int(text["moe_intermediate_size"])
-            if shared:
-                t.linear(hidden, 2 * shared)
-                t.linear(shared, hidden)
-        else:
-            inter = int(text["intermediate_size"])
-            t.linear(hidden, 2 * inter)
-            t.linear(inter, hidden)
-        t.tensor(hidden, hidden)
-    t.tensor(hidden)
+        _deepseek_layer(t, text, bool(experts and layer >= dense_k and layer % freq == 0))
+    t.tensor(int(text["hidden_size"]))
     _lm_head(t, text)
     for _ in kinds:
         t.tensor(heads * nope * kv_lora, heads * v_dim * kv_lora, elem=2)
+
+
+def _deepseek_layer(t: Trace, text: Mapping[str, Any], sparse: bool) -> None:
+    """One ``DeepseekV2DecoderLayer``: MLA, then the MoE block or the dense MLP, two norms."""
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    nope, rope_dim = int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"])
+    v_dim, kv_lora = int(text["v_head_dim"]), int(text["kv_lora_rank"])
+    q_lora = _get(text, "q_lora_rank")
+    if q_lora:
+        t.linear(hidden, int(q_lora) + kv_lora + rope_dim)
+        t.tensor(int(q_lora))
+        t.linear(int(q_lora), heads * (nope + rope_dim))
+    else:
+        t.linear(hidden, heads * (nope + rope_dim))
+        t.linear(hidden, kv_lora + rope_dim)
+    t.linear(kv_lora, heads * (nope + v_dim))
+    t.linear(heads * v_dim, hidden)
+    t.tensor(kv_lora)
+    positions, rotary = rope_shape(text, rope_dim)
+    if (positions, rotary, "deepseek") not in t.ropes:
+        t.rope(positions, rotary, "deepseek")
+        t.tensor(positions * rotary, positions * rotary, elem=FP32)
+    if sparse:
+        experts = int(text["n_routed_experts"])
+        t.tensor(experts * hidden)
+        if _get(text, "topk_method") == "noaux_tc":
+            t.tensor(experts, elem=FP32)
+        t.experts(experts, hidden, int(text["moe_intermediate_size"]))
+        shared = int(_get(text, "n_shared_experts", 0)) * int(text["moe_intermediate_size"])
+        if shared:
+            t.linear(hidden, 2 * shared)
+            t.linear(shared, hidden)
+    else:
+        inter = int(text["intermediate_size"])
+        t.linear(hidden, 2 * inter)
+        t.linear(inter, hidden)
+    t.tensor(hidden, hidden)
+
+
+def deepseek_mtp_checkpoint_bytes(text: Mapping[str, Any], top: Mapping[str, Any]) -> int:
+    """The checkpoint bytes of DeepSeek-V3's ``num_nextn_predict_layers`` MTP layers (stored as
+    ``model.layers.<num_hidden_layers + i>``: a MoE decoder layer, ``enorm``, ``hnorm``,
+    ``eh_proj`` and its own ``embed_tokens`` and ``shared_head``): in an index's total but not
+    in the target model ``DeepseekV3ForCausalLM`` builds (the NextN draft loads them)."""
+    layers = int(_get(text, "num_nextn_predict_layers", 0))
+    if not layers:
+        return 0
+    t = Trace(_dtype_bytes(text), fp8_block=_fp8_block(text, top))
+    hidden, vocab = int(text["hidden_size"]), padded_vocab(int(text["vocab_size"]))
+    for _ in range(layers):
+        _deepseek_layer(t, text, bool(_get(text, "n_routed_experts", 0)))
+        t.tensor(hidden, hidden, hidden)
+        t.linear(2 * hidden, hidden)
+        t.tensor(vocab * hidden, vocab * hidden)
+    positions, rotary = rope_shape(text, int(text["qk_rope_head_dim"]))
+    return t.tensor_bytes - 3 * positions * rotary * FP32  # no rope tables in a checkpoint
 
 
 def _gpt_oss(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: int) -> None:
