@@ -138,3 +138,11 @@ def test_the_tuners_levers_for_a_mamba2_hybrid_are_what_a_relaunch_admits() -> N
         assert (relaunch.cap, relaunch.plan.max_mamba_cache_size) == (
             option.cap, option.cap * ratio)
     assert options["no_radix"].cap > options["more_slots"].cap
+
+
+def test_the_conv_state_follows_sglang_mamba_conv_dtype() -> None:
+    shape = model_shape(str(MODELS / "falcon-h1-7b"))
+    bf16 = conv_bytes_per_slot(shape, EngineFlags.from_flags({}))
+    fp32 = conv_bytes_per_slot(shape, EngineFlags.from_flags(
+        {}, env={"SGLANG_MAMBA_CONV_DTYPE": "float32"}))
+    assert (bf16, fp32) == (44 * 3584 * 3 * 2, 44 * 3584 * 3 * 4)

@@ -125,6 +125,8 @@ class EngineFlags:
     # --attention-backend / --prefill-attention-backend / --decode-attention-backend (None:
     # SGLang picks one; only the refusal rules read them).
     attention_backend: str | None = None
+    # SGLANG_MAMBA_CONV_DTYPE (configs/mamba_utils.py::mamba2_state_dtype; bfloat16 default).
+    mamba_conv_dtype: str | None = None
     prefill_attention_backend: str | None = None
     decode_attention_backend: str | None = None
 
@@ -167,6 +169,9 @@ class EngineFlags:
         ssm_env = (env or {}).get("SGLANG_MAMBA_SSM_DTYPE")
         if ssm_env and "mamba_ssm_dtype" not in values:
             values["mamba_ssm_dtype"] = ssm_env
+        conv_env = (env or {}).get("SGLANG_MAMBA_CONV_DTYPE")
+        if conv_env:
+            values["mamba_conv_dtype"] = conv_env
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -199,6 +204,7 @@ _CONVERTERS: dict[str, Callable[[object], object]] = {
     "sglang_version": _to_str,
     "mamba_skip_decode_lock": _to_bool,
     "attention_backend": _to_str,
+    "mamba_conv_dtype": _to_str,
     "prefill_attention_backend": _to_str,
     "decode_attention_backend": _to_str,
 }
