@@ -252,6 +252,13 @@ def test_issue_28_families_count_their_published_sizes_from_the_config_alone() -
     assert (nemo.full_attention_layers, nemo.linear_attention_layers) == (4, 24)
     assert nemo.kv_bytes_per_token == 4 * 8 * 256 * 2
     assert nemo.mamba_bytes_per_slot == 24 * (128 * 64 * 128 * 4 + (8192 + 2 * 8 * 128) * 3 * 2)
+    # the newer spelling: layers_block_type, and num_hidden_layers left out
+    text = json.loads((MODELS / "nemotron-h-8b" / "config.json").read_text())
+    kinds = [mc.NEMOTRON_PATTERN[c] for c in text.pop("hybrid_override_pattern")]
+    del text["num_hidden_layers"]
+    listed = mc.shape_from_config({**text, "layers_block_type": kinds}, "nemo/config.json")
+    assert (listed.kv_bytes_per_token, listed.mamba_bytes_per_slot) == (
+        nemo.kv_bytes_per_token, nemo.mamba_bytes_per_slot)
     granite = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
                "hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8,
                "num_key_value_heads": 4, "vocab_size": 1000, "intermediate_size": 512,

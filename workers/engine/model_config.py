@@ -384,7 +384,9 @@ def shape_from_config(cfg: Mapping[str, Any], source: str, name: str = "",
         raise ModelConfigError(f"{source}: key 'architectures' missing")
     arch = str(archs[0])
     text = text_config(cfg)
-    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+    # Nemotron-H's layer count is its layers_block_type's length (num_hidden_layers deprecated).
+    layers_key = () if arch == "NemotronHForCausalLM" else ("num_hidden_layers",)
+    for key in ("hidden_size", *layers_key, "vocab_size"):
         _need(text, key, source)
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     elem = w.DTYPE_BYTES.get(dtype, 2)
