@@ -6,13 +6,18 @@ all the prediction gets, plus the GPU's memory (143,771 MiB). Against the captur
 within 1 % as the issue asks (0.08 % at worst: the two-decimal rounding of the logged free
 memory the start-up constant comes from, docs/capacity.md), and within 0.05 % once the log's
 ``Load weight`` lines give the free memory and the weights, as the tuner reads them. Captures
-that ``bench/gpu_configs.py`` wrote are found and checked the same way from their flags.
+that ``bench/gpu_configs.py`` wrote are found and checked the same way from their flags: the
+families of issue 28 (a Falcon-H1-7B shape: Mamba-2 on every layer; DeepSeek-V2-Lite: MLA +
+MoE; gpt-oss-20b: sliding window with sinks; Gemma-3-1B; Qwen3-30B-A3B) with the cap and Mamba
+slots exact, KV within 0.04 % and the weights counted from config.json within 0.1 %, and the
+Nemotron-H launch SGLang refused on the triton backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -161,7 +166,37 @@ def test_every_new_capture_is_predicted_from_its_flags_and_config(stage, launch)
     assert plan.max_total_num_tokens == pytest.approx(
         log.scheduler.max_total_num_tokens,
         abs=max(0.001 * log.scheduler.max_total_num_tokens, precision))
-    assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051)
+    # The issue asks 2 %; every family's count is within 0.1 % of the logged `mem usage` (the
+    # DeepSeek-V2-Lite shape 0.02 GiB light, the rest to the log's two decimals).
+    assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051, rel=0.001)
     if log.mamba is not None:
+        assert plan.max_mamba_cache_size == log.mamba.slots
         parts = mamba_breakdown_gib(shape, engine_flags, plan)
         assert round(parts["ssm_state"], 2) == log.mamba.ssm_gib
+        assert round(parts["conv_state"], 2) == log.mamba.conv_gib
+
+
+def test_the_families_pools_are_the_ones_sglang_gave_them() -> None:
+    """gpt-oss: a full pool for its 12 full layers and a sliding-window pool of 0.8 x as many
+    tokens for the other 12 (``SWAKVPool``); Gemma-3: one full pool for all 26 layers, since
+    ``ServerArgs._handle_model_specific_adjustments`` disables hybrid SWA memory for Gemma3;
+    Falcon-H1: a Mamba pool and a KV pool over all 44 layers; DeepSeek-V2: the MLA latent."""
+    swa = re.search(r"SWAKVPool mem usage: [\d.]+ GB, swa size: (\d+), full size: (\d+)",
+                    (REAL / "gpt_oss_20b" / "server.log").read_text())
+    assert swa is not None
+    shape = model_shape(str(FIXTURES / "models" / "gpt-oss-20b"))
+    flags = EngineFlags.from_flags({"context-length": 8192, "disable-piecewise-cuda-graph": True})
+    plan = plan_capacity(shape, flags, H200_MIB)
+    full = plan.max_total_num_tokens
+    assert (shape.full_attention_layers, shape.swa_layers) == (12, 12)
+    assert int(swa.group(1)) == int(int(swa.group(2)) * 0.8)
+    assert abs(full - int(swa.group(2))) <= 0.001 * full
+    gemma = (REAL / "gemma3_1b" / "server.log").read_text()
+    assert "Disable hybrid SWA memory for Gemma3ForCausalLM" in gemma
+    g = model_shape(str(FIXTURES / "models" / "gemma-3-1b"))
+    assert (g.full_attention_layers, g.swa_layers) == (26, 0)
+    assert g.kv_bytes_per_token == 26 * 1 * 512 * 2
+    falcon = model_shape(str(FIXTURES / "models" / "falcon-h1-7b"))
+    assert (falcon.full_attention_layers, falcon.linear_attention_layers) == (44, 44)
+    lite = model_shape(str(FIXTURES / "models" / "deepseek-v2-lite"))
+    assert (lite.kv_heads, lite.kv_bytes_per_token) == (0, 27 * (512 + 64) * 2)

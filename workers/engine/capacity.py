@@ -45,6 +45,7 @@ from workers.engine.server_args import (  # noqa: F401  (re-exported for callers
     SPECULATIVE_DEFAULT_MAX_RUNNING,
     EngineFlags,
     check_hybrid_flags,
+    check_launch,
     cli_max_running_requests,
     derived_defaults,
     mamba_ratio,
@@ -107,8 +108,18 @@ def ssm_bytes_per_slot(shape: ModelShape, flags: EngineFlags) -> float:
 
 
 def conv_bytes_per_slot(shape: ModelShape, flags: EngineFlags) -> float:
-    """Conv state of one slot per GPU."""
-    return shape.mamba_conv_bytes_per_slot / flags.tp_size
+    """Conv state of one slot per GPU: ``conv_dim / tp x (kernel - 1)``, where groups that TP does
+    not divide are first padded to ``tp`` (``configs/mamba_utils.py``:
+    ``extra_groups_for_head_shards``, ``Mamba2StateShape.create``; Mamba-2 with ``n_groups`` 1
+    at tp 8 holds 8 groups' B and C), in ``SGLANG_MAMBA_CONV_DTYPE`` (bf16 by default)."""
+    tp, groups = flags.tp_size, shape.mamba_groups
+    conv = shape.mamba_conv_bytes_per_slot
+    if tp > 1 and groups and groups % tp:
+        base = shape.mamba_intermediate + 2 * groups * shape.mamba_state_size
+        padded = shape.mamba_intermediate + 2 * tp * shape.mamba_state_size
+        conv = conv * padded / base
+    sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
+    return conv * sizes.get(flags.mamba_conv_dtype or "bfloat16", 2) / 2 / tp
 
 
 def mamba_bytes_per_slot(shape: ModelShape, flags: EngineFlags) -> float:
@@ -309,6 +320,7 @@ def plan_capacity(
     """
     if shape.hybrid:
         check_hybrid_flags(flags)
+    check_launch(shape, flags)
     chunk, graph_bs, fraction = derived_defaults(gpu_memory_mib, flags, shape)
     total_gib = gpu_memory_mib / MIB_PER_GIB
     pre = free_before_weights_gib

@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +71,77 @@ def engine_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items()
             if (k in ENGINE_ENV_NAMES or k.startswith(ENGINE_ENV_PREFIXES))
             and SECRET_WORDS.isdisjoint(k.split("_"))}
+
+
+# SGLang's own advice when a start fails, as its log prints it (0.5.11):
+# compilation/piecewise_context_manager.py::PIECEWISE_CUDA_GRAPH_CAPTURE_FAILED_MSG ("To work
+# around this error, add --disable-piecewise-cuda-graph to your launch command.") and
+# model_executor/cuda_graph_runner.py::CUDA_GRAPH_CAPTURE_FAILED_MSG ("Possible solutions:" then
+# numbered lines, the first "set --mem-fraction-static to a smaller value ...").
+HINT_PATTERNS = (
+    re.compile(r"To work around this error, (add --[\w-]+[^.\n]*?)"
+               r"(?: to your launch command)?\.?$"),
+    re.compile(r"^\s*1\. (set --[\w-]+ [^\n]*)$"),
+)
+# The last line of a Python traceback: "AssertionError: ...", "torch.OutOfMemoryError: ...".
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)(?::\s.*)?$")
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def start_failure(log_path: Path) -> str:
+    """SGLang's last error line and its own hint from the tail of an engine's log, as one
+    clause (empty when the log has neither)."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    error = hint = ""
+    for line in lines:
+        text = line.strip()
+        if ERROR_LINE.match(text):
+            error = text
+        for pattern in HINT_PATTERNS:
+            found = pattern.search(text)
+            if found:
+                hint = found.group(1).strip()
+    parts = []
+    if error:
+        parts.append(error if len(error) <= 300 else error[:297] + "...")
+    if hint:
+        parts.append(f"SGLang's hint: {hint}")
+    return "; ".join(parts)
+
+
+def prelaunch_refusals(spec: EngineSpec) -> list[str]:
+    """The rules by which SGLang would refuse this launch at start (``server_args.
+    known_refusals`` and ``check_hybrid_flags``), from the profile's flags and the model's
+    config.json; empty for the simulator, or when the config cannot be read here (then SGLang
+    itself decides)."""
+    if spec.kind != "sglang":
+        return []
+    from workers.engine.model_config import ModelConfigError, model_shape
+    from workers.engine.server_args import EngineFlags, check_hybrid_flags, known_refusals
+
+    profile = spec.launch_profile()
+    model = profile.flags.get("model-path")
+    if not isinstance(model, str):
+        return []
+    try:
+        shape = model_shape(model)
+    except (ModelConfigError, ValueError, KeyError, TypeError):
+        return []
+    flags = EngineFlags.from_flags(profile.flags, env={**os.environ, **profile.env},
+                                   version=installed_version())
+    found = [str(r) for r in known_refusals(shape, flags)]
+    if shape.hybrid:
+        try:
+            check_hybrid_flags(flags)
+        except ValueError as exc:
+            found.append(f"{exc} (SGLang server_args.py::ServerArgs._handle_mamba_radix_cache)")
+    return found
 
 
 # Spellings SGLang's argparse accepts for the parallel sizes (server_args.py add_cli_args).
@@ -203,6 +275,12 @@ class Engine:
         with self._lock:
             if self.state not in (EngineState.STOPPED, EngineState.FAILED, EngineState.RESTARTING):
                 raise EngineStartFailed(f"cannot start an engine that is {self.state.value}")
+            refused = prelaunch_refusals(self.spec)
+            if refused:
+                self.state = EngineState.FAILED
+                raise EngineStartFailed(
+                    f"engine on {self.spec.where} not started: SGLang refuses this launch: "
+                    + "; ".join(refused))
             self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             logf = self.spec.log_path.open("ab")
             guard = [sys.executable, "-m", "workers.engine.guard", str(os.getpid()), "--"]
@@ -238,9 +316,10 @@ class Engine:
             if not self.alive():
                 code = self._proc.returncode if self._proc else None
                 self.state = EngineState.FAILED
+                said = start_failure(self.spec.log_path)
                 raise EngineStartFailed(
-                    f"engine on {self.spec.where} exited with code {code} while starting; "
-                    f"see {self.spec.log_path}"
+                    f"engine on {self.spec.where} exited with code {code} while starting"
+                    f"{': ' + said if said else ''}; see {self.spec.log_path}"
                 )
             if self.probe(timeout_s=5.0):
                 try:  # the formats the fleet reads are known for some SGLang releases only

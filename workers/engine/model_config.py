@@ -12,7 +12,11 @@ What is derived follows SGLang 0.5.11's ``configs/model_config.py`` (``_derive_m
 ``get_total_num_kv_heads``, ``get_context_length``, the multimodal and piecewise-CUDA-graph
 architecture lists), ``configs/qwen3_next.py`` (``layers_block_type``: every
 ``full_attention_interval``-th layer is full attention; Qwen3.5's text config inherits it),
-``configs/mamba_utils.py`` (``Mamba2StateShape.create``, ``mamba_cache_per_req``) and
+``configs/mamba_utils.py`` (``Mamba2StateShape.create``, ``mamba_cache_per_req``,
+``mamba2_state_dtype``), the Mamba-2 hybrids' configs (``configs/falcon_h1.py``,
+``configs/nemotron_h.py``, ``configs/granitemoehybrid.py``: their layer ids and
+``mamba2_cache_params``; ``model_executor/model_runner.py::mamba2_config`` says which
+architectures get a Mamba pool) and
 ``model_executor/pool_configurator.py`` (the KV cell: ``kv_heads * (head_dim + v_head_dim) *
 layers * dtype``, MLA ``(kv_lora_rank + qk_rope_head_dim) * layers * dtype``).
 """
@@ -62,6 +66,15 @@ EXPERT_LOCATION_ARCHS = frozenset({
     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
 })
 HYBRID_LINEAR_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+# model_executor/model_runner.py::mamba2_config: the Mamba-2 hybrids whose config SGLang sizes a
+# Mamba pool from (GraniteMoeHybrid only when one of its layer_types is "mamba").
+MAMBA2_ARCHS = frozenset({"FalconH1ForCausalLM", "NemotronHForCausalLM",
+                          "GraniteMoeHybridForCausalLM"})
+# configs/nemotron_h.py::_pattern_to_list: one character per layer of hybrid_override_pattern.
+NEMOTRON_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+# Kinds of decoder layer that hold a KV cache / a Mamba state slot.
+KV_KINDS = frozenset({"attention", "parallel"})
+STATE_KINDS = frozenset({"linear", "mamba", "parallel"})
 CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                        "max_position_embeddings")
 
@@ -111,6 +124,14 @@ class ModelShape:
     source: str = ""  # the config.json read
     weights_source: str = ""  # "safetensors index" or "config"
     tensor_gib: float = 0.0  # the tensors' exact sum (weights_gib: the allocator's segments)
+    # The Mamba state's shape (Mamba2StateShape.create): "gdn" or "mamba2", its intermediate
+    # size, groups, state size and heads; TP replicates groups that do not divide it.
+    mamba_kind: str = ""
+    mamba_intermediate: int = 0
+    mamba_groups: int = 0
+    mamba_state_size: int = 0
+    mamba_heads: int = 0
+    attention_heads: int = 0  # num_attention_heads (the TP divisibility rule)
 
 
 def _hf_cache_dirs(env: Mapping[str, str]) -> list[Path]:
@@ -190,27 +211,115 @@ def context_length(text: Mapping[str, Any]) -> int:
     return 2048
 
 
-def _layer_kinds(text: Mapping[str, Any], source: str) -> list[str]:
-    """``attention`` or ``linear`` per layer (Qwen3-Next/3.5: ``(l + 1) % interval == 0``)."""
+def _layer_kinds(text: Mapping[str, Any], arch: str, source: str) -> list[str]:
+    """What each decoder layer holds: ``attention``, ``linear`` (Gated DeltaNet), ``mamba``,
+    ``parallel`` (attention and Mamba-2 in one layer) or ``mlp`` / ``moe`` (neither).
+
+    - Qwen3-Next / 3.5: full attention where ``(l + 1) % full_attention_interval == 0``
+      (``configs/qwen3_next.py::layers_block_type``).
+    - Falcon-H1: every layer both (``configs/falcon_h1.py``: ``full_attention_layer_ids`` and
+      ``linear_layer_ids`` are all layers).
+    - Nemotron-H: ``layers_block_type``, else ``hybrid_override_pattern`` (``M`` Mamba-2, ``*``
+      attention, ``-`` MLP, ``E`` MoE), whose length is the layer count
+      (``configs/nemotron_h.py``: ``_resolve_layers_block_type``, ``num_hidden_layers``).
+    - Granite-4.0-H: ``layer_types`` (``mamba`` / ``attention``), by default attention where
+      ``(l + 1) % 6 == 0`` (``configs/granitemoehybrid.py``).
+    """
+    if arch == "NemotronHForCausalLM":
+        kinds = text.get("layers_block_type")
+        if not kinds:
+            pattern = str(_need(text, "hybrid_override_pattern", source))
+            kinds = [NEMOTRON_PATTERN[c] for c in pattern if c in NEMOTRON_PATTERN]
+        return [str(k) for k in kinds]
     layers = int(_need(text, "num_hidden_layers", source))
+    if arch == "FalconH1ForCausalLM":
+        return ["parallel"] * layers
+    if arch == "GraniteMoeHybridForCausalLM":
+        kinds = text.get("layer_types") or [
+            "attention" if (i + 1) % 6 == 0 else "mamba" for i in range(layers)]
+        return [str(k) for k in kinds]
     if text.get("model_type") not in HYBRID_LINEAR_TYPES:
         return ["attention"] * layers
     interval = int(_need(text, "full_attention_interval", source))
     return ["attention" if (i + 1) % interval == 0 else "linear" for i in range(layers)]
 
 
-def _mamba_bytes(text: Mapping[str, Any], linear_layers: int, source: str) -> tuple[int, int, str]:
-    """(conv, ssm) bytes of one slot over all linear layers, and the SSM dtype
-    (``Mamba2StateShape.create`` with tp=1; conv state in bf16, SSM in ``mamba_ssm_dtype``)."""
-    k_heads = int(_need(text, "linear_num_key_heads", source))
-    v_heads = int(_need(text, "linear_num_value_heads", source))
-    k_dim = int(_need(text, "linear_key_head_dim", source))
-    v_dim = int(_need(text, "linear_value_head_dim", source))
-    kernel = int(_need(text, "linear_conv_kernel_dim", source))
-    ssm_dtype = str(text.get("mamba_ssm_dtype") or "float32")
-    conv = (v_dim * v_heads + 2 * k_heads * k_dim) * (kernel - 1) * 2
-    ssm = v_heads * v_dim * k_dim * w.DTYPE_BYTES.get(ssm_dtype, 4)
-    return conv * linear_layers, ssm * linear_layers, ssm_dtype
+def mamba2_params(text: Mapping[str, Any], arch: str, source: str = "config.json") -> dict:
+    """A Mamba-2 layer's sizes as each config class passes them to ``Mamba2StateShape.create``
+    and ``MambaMixer2`` (``configs/falcon_h1.py``, ``configs/nemotron_h.py``,
+    ``configs/granitemoehybrid.py``; the mixer's arguments in ``models/``), with the config
+    classes' defaults for absent keys:
+
+    - Falcon-H1: intermediate ``mamba_d_ssm`` (else ``mamba_expand x hidden``), heads
+      ``mamba_n_heads``, head dim ``mamba_d_head`` (``auto``: intermediate / heads), groups
+      ``mamba_n_groups``, state ``mamba_d_state``, kernel ``mamba_d_conv``; SSM dtype from the
+      config's ``mamba_ssm_dtype`` (``mamba2_state_dtype(self)``).
+    - Nemotron-H: intermediate ``mamba_num_heads x mamba_head_dim``, state groups ``n_groups``
+      (the mixer's weights use ``mamba_n_groups``, default 8), state ``ssm_state_size``, kernel
+      ``conv_kernel``; SSM dtype from the config.
+    - Granite-4.0-H: intermediate ``mamba_expand x hidden``, ``mamba_n_heads``, ``mamba_d_head``,
+      ``mamba_n_groups``, ``mamba_d_state``, ``mamba_d_conv``; its ``Mamba2CacheParams`` is built
+      without the config (``dtype`` defaults to ``mamba2_state_dtype(None)``), so the SSM state is
+      float32 unless ``--mamba-ssm-dtype`` / ``SGLANG_MAMBA_SSM_DTYPE`` says otherwise.
+    """
+    def get(key: str, default: Any) -> Any:
+        value = text.get(key)
+        return default if value is None else value
+
+    hidden = int(_need(text, "hidden_size", source))
+    if arch == "NemotronHForCausalLM":
+        heads, head_dim = int(get("mamba_num_heads", 128)), int(get("mamba_head_dim", 64))
+        return {"intermediate": heads * head_dim, "heads": heads, "head_dim": head_dim,
+                "groups": int(get("n_groups", get("mamba_n_groups", 8))),
+                "weight_groups": int(get("mamba_n_groups", 8)),
+                "state": int(get("ssm_state_size", 128)), "kernel": int(get("conv_kernel", 4)),
+                "conv_bias": bool(get("use_conv_bias", True)),
+                "proj_bias": bool(get("use_bias", False)), "rms_norm": True,
+                "ssm_dtype": str(get("mamba_ssm_dtype", "float32"))}
+    if arch == "FalconH1ForCausalLM":
+        inter = int(get("mamba_d_ssm", int(get("mamba_expand", 2)) * hidden))
+        heads = int(get("mamba_n_heads", 128))
+        head_dim = get("mamba_d_head", "auto")
+        head_dim = inter // heads if head_dim == "auto" else int(head_dim)
+        groups = int(get("mamba_n_groups", 1))
+        return {"intermediate": inter, "groups": groups, "weight_groups": groups,
+                "heads": heads, "head_dim": head_dim, "state": int(get("mamba_d_state", 256)),
+                "kernel": int(get("mamba_d_conv", 4)),
+                "conv_bias": bool(get("mamba_conv_bias", True)),
+                "proj_bias": bool(get("mamba_proj_bias", False)),
+                "rms_norm": bool(get("mamba_rms_norm", False)),
+                "ssm_dtype": str(get("mamba_ssm_dtype", "float32"))}
+    groups = int(get("mamba_n_groups", 1))
+    return {"intermediate": int(get("mamba_expand", 2)) * hidden, "groups": groups,
+            "weight_groups": groups, "heads": int(get("mamba_n_heads", 64)),
+            "head_dim": int(get("mamba_d_head", 64)), "state": int(get("mamba_d_state", 128)),
+            "kernel": int(get("mamba_d_conv", 4)),
+            "conv_bias": bool(get("mamba_conv_bias", True)),
+            "proj_bias": bool(get("mamba_proj_bias", False)), "rms_norm": True,
+            "ssm_dtype": "float32"}
+
+
+def _mamba_state(text: Mapping[str, Any], arch: str, source: str) -> dict:
+    """The Mamba state of one layer at tp=1 (``Mamba2StateShape.create``): conv
+    ``(intermediate + 2 x groups x state) x (kernel - 1)`` in bf16 (``SGLANG_MAMBA_CONV_DTYPE``),
+    SSM ``heads x head_dim x state`` in the SSM dtype. Gated DeltaNet passes value heads x value
+    dim as the intermediate size, key heads as groups and the key dim as the state
+    (``configs/qwen3_next.py::mamba2_cache_params``)."""
+    if arch in MAMBA2_ARCHS:
+        m = mamba2_params(text, arch, source)
+        m["kind"] = "mamba2"
+    else:
+        k_heads = int(_need(text, "linear_num_key_heads", source))
+        v_heads = int(_need(text, "linear_num_value_heads", source))
+        v_dim = int(_need(text, "linear_value_head_dim", source))
+        m = {"kind": "gdn", "intermediate": v_heads * v_dim, "groups": k_heads,
+             "heads": v_heads, "head_dim": v_dim,
+             "state": int(_need(text, "linear_key_head_dim", source)),
+             "kernel": int(_need(text, "linear_conv_kernel_dim", source)),
+             "ssm_dtype": str(text.get("mamba_ssm_dtype") or "float32")}
+    m["conv"] = (m["intermediate"] + 2 * m["groups"] * m["state"]) * (m["kernel"] - 1) * 2
+    m["ssm"] = m["heads"] * m["head_dim"] * m["state"] * w.DTYPE_BYTES.get(m["ssm_dtype"], 4)
+    return m
 
 
 def _kv_cell(text: Mapping[str, Any], arch: str, elem: int, source: str) -> tuple[int, int, int]:
@@ -221,7 +330,9 @@ def _kv_cell(text: Mapping[str, Any], arch: str, elem: int, source: str) -> tupl
         return latent * elem, 0, 256
     heads = int(_need(text, "num_attention_heads", source))
     hidden = int(_need(text, "hidden_size", source))
-    head_dim = int(text.get("head_dim") or hidden // heads)
+    # NemotronHConfig takes head_dim (default 128), never attention_head_dim.
+    fallback = 128 if arch == "NemotronHForCausalLM" else hidden // heads
+    head_dim = int(text.get("head_dim") or fallback)
     v_head_dim = int(text.get("v_head_dim") or head_dim)
     kv_heads = 1 if text.get("multi_query") else int(text.get("num_key_value_heads") or heads)
     return kv_heads * (head_dim + v_head_dim) * elem, kv_heads, head_dim
@@ -275,29 +386,33 @@ def shape_from_config(cfg: Mapping[str, Any], source: str, name: str = "",
         raise ModelConfigError(f"{source}: key 'architectures' missing")
     arch = str(archs[0])
     text = text_config(cfg)
-    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+    # Nemotron-H's layer count is its layers_block_type's length (num_hidden_layers deprecated).
+    layers_key = () if arch == "NemotronHForCausalLM" else ("num_hidden_layers",)
+    for key in ("hidden_size", *layers_key, "vocab_size"):
         _need(text, key, source)
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     elem = w.DTYPE_BYTES.get(dtype, 2)
-    kinds = _layer_kinds(text, source)
-    linear = kinds.count("linear")
+    kinds = _layer_kinds(text, arch, source)
+    linear = sum(1 for k in kinds if k in STATE_KINDS)
     swa = _swa_layers(text, arch)
     per_layer, kv_heads, head_dim = _kv_cell(text, arch, elem, source)
-    full = len(kinds) - linear - swa
-    conv, ssm, ssm_dtype = _mamba_bytes(text, linear, source) if linear else (0, 0, "float32")
+    full = sum(1 for k in kinds if k in KV_KINDS) - swa
+    state = _mamba_state(text, arch, source) if linear else {}
+    conv, ssm = state.get("conv", 0) * linear, state.get("ssm", 0) * linear
+    ssm_dtype = state.get("ssm_dtype", "float32")
     mtp = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
-    mtp_kept, mtp_loaded = w.mtp_weight_bytes(text, head_dim) if mtp and linear else (0, 0)
-    if index_total is None and arch in MLA_ARCHS:
-        raise ModelConfigError(
-            f"{Path(source).parent / 'model.safetensors.index.json'}: key 'metadata.total_size' "
-            f"missing (the weights of {arch} are not counted from the config)")
+    gdn = state.get("kind") == "gdn"
+    mtp_kept, mtp_loaded = w.mtp_weight_bytes(text, head_dim) if mtp and gdn else (0, 0)
     if index_total is not None:
         # The checkpoint's tensors, less the MTP layer loaded as the draft, plus rope buffers.
         rope_dim = int(text.get("qk_rope_head_dim") or head_dim) if arch in MLA_ARCHS else head_dim
-        tensors = weights = index_total - mtp_kept + w.rope_buffer_bytes(text, rope_dim)
+        if arch in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"):
+            mtp_kept = w.deepseek_mtp_checkpoint_bytes(text, cfg)
+        tensors = weights = (index_total - mtp_kept + w.rope_buffer_bytes(text, rope_dim)
+                             + w.runtime_extra_bytes(arch, text))
     else:
         try:
-            trace = w.trace_model(cfg, text, kinds, head_dim)
+            trace = w.trace_model(cfg, text, kinds, head_dim, arch)
         except KeyError as exc:
             raise ModelConfigError(f"{source}: key {exc.args[0]!r} missing") from exc
         tensors, weights = trace.tensor_bytes, trace.reserved
@@ -334,6 +449,12 @@ def shape_from_config(cfg: Mapping[str, Any], source: str, name: str = "",
         source=source,
         weights_source="safetensors index" if index_total is not None else "config",
         tensor_gib=tensors / GIB,
+        mamba_kind=state.get("kind", ""),
+        mamba_intermediate=state.get("intermediate", 0),
+        mamba_groups=state.get("groups", 0),
+        mamba_state_size=state.get("state", 0),
+        mamba_heads=state.get("heads", 0),
+        attention_heads=int(text.get("num_attention_heads") or 0),
     )
 
 

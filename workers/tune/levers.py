@@ -11,6 +11,12 @@ For a running cap (the levers of ``model_runner_kv_cache_mixin.py``'s arithmetic
   only when it beats the best lossless option by a clear margin;
 - a higher ``--mem-fraction-static`` where NVML shows memory that is really free.
 
+Every option is the relaunch arithmetic's prediction for its flags, so what SGLang refuses by
+rule (``server_args.known_refusals``: e.g. ``extra_buffer`` on the Mamba-2 hybrids Falcon-H1,
+Nemotron-H and Granite-4.0-H through 0.5.13) is never proposed; for those the scheduler strategy
+stays ``no_buffer`` (R = 3), and the levers are more slots, no radix cache (R = 1, overlap back
+on) and the bf16 SSM state (Granite's config dtype is not read, only the flag).
+
 For KV capacity: the free memory, fewer Mamba slots where they sit idle, and FP8 KV (lossy).
 """
 
@@ -219,9 +225,20 @@ def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
         tok_s = sit.throughput.tok_s(running) if running else 0.0
         if name.startswith("no_radix"):
             tok_s *= 1.0 - sit.no_radix_cost()
-        note = blocked or ("does not fit" if pred is None else "")
+        note = blocked or ("" if pred is not None else _why_not(model, flags))
         options.append(Option(name, changes, pred, tok_s, lossy, not blocked, note, kv_running))
     return options
+
+
+def _why_not(model: MemoryModel, flags: FlagMap) -> str:
+    """``does not fit``, or SGLang's rule when it would refuse the flags outright (a Mamba-2
+    hybrid under ``extra_buffer`` on 0.5.10-0.5.13, server_args.known_refusals)."""
+    try:
+        model.predict(flags)
+    except DoesNotFit as exc:
+        if str(exc).startswith("SGLang refuses"):
+            return f"not possible: {exc}"
+    return "does not fit"
 
 
 def _kv_variants(
