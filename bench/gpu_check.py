@@ -217,6 +217,21 @@ def run_plain_client(urls: list[str], caps: list[int], prompts: Path, in_flight:
             "occupancy": round(watch.occupancy(), 3)}
 
 
+def capture_startup(url: str, out: Path, stamp: str) -> list[str]:
+    """GPU 0's ``/server_info``, ``/v1/loads`` and ``/metrics`` as the healthy engine first
+    answers them, kept beside the summary (what the fleet's readers parse, per release)."""
+    kept = []
+    for path, name in (("/server_info", "server_info.json"), ("/v1/loads", "v1_loads.json"),
+                       ("/metrics", "metrics.txt")):
+        try:
+            body = httpx.get(f"{url}{path}", timeout=10).text
+        except httpx.HTTPError as exc:
+            body = f"error: {exc!r}"
+        (out / f"gpu-check-{stamp}-{name}").write_text(body)
+        kept.append(f"gpu-check-{stamp}-{name}")
+    return kept
+
+
 def tune_json(fleet: Fleet, *args: str, timeout_s: float) -> dict[str, Any]:
     """``fleet tune ARGS --json`` as a user runs it; its JSON, or the error it printed."""
     # Its log goes to a file beside the workers' as it runs: a run cut by the call's time limit
@@ -368,6 +383,7 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
                            "max_total_num_tokens": int(lo["max_total_num_tokens"])}
                           for g, lo in enumerate(engine_loads(u) for u in urls)]
     caps = [w["cap"] for w in summary["workers"]]
+    summary["startup_captures"] = capture_startup(urls[0], args.out, stamp)
     result.write_text(json.dumps(summary, indent=2) + "\n")
     prompts = write_prompts(fleet.workdir / "prompts.jsonl", args.prompts, args.mean_tokens,
                             args.sigma, args.max_new_tokens, args.seed)
@@ -478,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(3)
             summary["memory_after_stop_mib"] = gpu_memory_used_mib()
             if args.anchor and finished:  # not after an interrupt: the call's time is up
-                anchor(fleet, args, summary, result)
+                try:
+                    anchor(fleet, args, summary, result)
+                except KeyboardInterrupt:  # the wrapper's SIGINT: keep what was measured
+                    summary["sglang_offline"] = {"error": "interrupted by the time limit"}
             summary["goals"] = goals(summary)
             logs = fleet.workdir / "logs"
             for p in logs.glob("*.log"):
