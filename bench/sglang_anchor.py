@@ -49,7 +49,21 @@ from config.launch_profile import LaunchProfile
 # Pieces tried, in order, for the completion text: the first whose repetition the tokenizer
 # encodes to exactly one token per piece is used.
 PIECES = (" a", " x", " the", " 0", "!", " hello", ".", " b", "\n")
-MODULE = "sglang.bench_offline_throughput"
+# The CLI's module: ``sglang.bench_offline_throughput`` in 0.5.11; 0.5.23 has it as
+# ``sglang.benchmark.offline_throughput`` (same options, same result line).
+MODULES = ("sglang.bench_offline_throughput", "sglang.benchmark.offline_throughput")
+MODULE = MODULES[0]
+
+
+def cli_module() -> str:
+    """The installed release's module for the CLI (the first of MODULES it has)."""
+    for name in MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ModuleNotFoundError:  # no sglang (or no sglang.benchmark) at all
+            continue
+    return MODULE
 
 
 class AnchorError(RuntimeError):
@@ -112,9 +126,10 @@ def model_sampling(model_path: str | Path) -> dict[str, float | int]:
 
 
 def command(python: str, profile_argv: Sequence[str], dataset: Path, n_rows: int,
-            sampling: dict[str, Any], result: Path, seed: int = 1) -> list[str]:
+            sampling: dict[str, Any], result: Path, seed: int = 1,
+            module: str = MODULE) -> list[str]:
     """The CLI's command line: the launch flags, then its own benchmark flags."""
-    return [python, "-m", MODULE, *profile_argv,
+    return [python, "-m", module, *profile_argv,
             "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
             "--num-prompts", str(n_rows), "--apply-chat-template",
             "--extra-request-body", json.dumps(sampling),
@@ -169,7 +184,7 @@ def run_anchor(profile: LaunchProfile, rows: Sequence[dict[str, Any]], max_new: 
     sampling = model_sampling(model)
     result = workdir / "anchor-result.jsonl"
     argv = command(python, profile_argv(profile, version), Path(dataset["path"]),
-                   len(rows), sampling, result, seed)
+                   len(rows), sampling, result, seed, cli_module())
     env = {**os.environ, **profile.env}
     stub = datasets_stub(workdir)
     if stub is not None:

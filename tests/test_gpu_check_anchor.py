@@ -161,3 +161,36 @@ def test_fixed_rows_all_ask_the_same_length(tmp_path: Path) -> None:
     logn = gpu_check.rows_summary(gpu_check.write_prompts(tmp_path / "l.jsonl", 400, 500,
                                                           0.8, 3000, 1), 0.8)
     assert 430 < logn["mean_tokens"] < 570 and logn["max_tokens"] > 1000
+
+
+def test_gpu_check_on_the_simulator_orders_the_plain_client_around_the_fleet(
+        tmp_path: Path) -> None:
+    # The whole check at a tiny size on the simulator: plain before, fleet, plain after, the
+    # fixed-length job and its plain client; the anchor says it needs real SGLang.
+    import os
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "FLEET_SIM_SPEED": "50", "FLEET_SIM_CALIBRATION": "h200-dummy",
+           "PYTHONPATH": str(root)}
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--engine", "sim", "--gpus", "1",
+         "--profile", "qwen36-27b", "--prompts", "30", "--batch-size", "10",
+         "--mean-tokens", "60", "--max-new-tokens", "200", "--plain-before",
+         "--fixed-tokens", "50", "--fixed-prompts", "20", "--anchor", "--out", str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    [path] = tmp_path.glob("gpu-check-*[0-9].json")
+    s = json.loads(path.read_text())
+    assert [p["in_flight"] for p in s["plain_before"]] == [96] == [p["in_flight"]
+                                                                 for p in s["plain"]]
+    assert all(p["completed"] == 30 and p["fleet_ratio"] for p in s["plain_before"] + s["plain"])
+    [order] = s["fleet_vs_plain"]
+    assert order["mean"] == round((order["before"] + order["after"]) / 2, 3)
+    assert s["rows"]["prompts"] == 30 and s["rows"]["sigma"] == 0.8
+    fixed = s["fixed_job"]
+    assert fixed["verify"]["ok"]
+    assert fixed["rows"]["min_tokens"] == fixed["rows"]["max_tokens"] == 50
+    assert fixed["plain"][0]["completed"] == 20
+    assert "real SGLang" in s["sglang_offline"]["error"]
+    assert "job_occupancy_until_all_taken" in s["goals"]
+    assert (tmp_path / f"gpu-check-{s['date']}-server_info.json").exists()

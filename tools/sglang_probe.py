@@ -22,7 +22,9 @@ MODULES = (
     "sglang.srt.entrypoints.http_server", "sglang.srt.managers.tokenizer_manager",
     "sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager",
     "sglang.srt.model_executor.model_runner", "sglang.srt.models.qwen3_5",
-    "sglang.srt.models.qwen3_5_mtp", "sglang.launch_server", "sglang.bench_offline_throughput",
+    "sglang.srt.models.qwen3_5_mtp", "sglang.launch_server",
+    # SGLang's offline benchmark CLI: here in 0.5.11, under sglang.benchmark in 0.5.23.
+    "sglang.bench_offline_throughput", "sglang.benchmark.offline_throughput",
 )
 
 
@@ -51,8 +53,13 @@ def main() -> int:
             print(f"OK   {name} ({time.monotonic() - t0:.1f} s)")
         except BaseException as exc:  # noqa: BLE001 - every failure is the finding
             failed += 1
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            print(f"FAIL {name}: {last[:600]}")
+            # The whole message: a loader's error names the missing symbol at its end.
+            last = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            cause = exc.__cause__ or exc.__context__
+            if cause is not None:
+                last += " | caused by: " + "".join(
+                    traceback.format_exception_only(type(cause), cause)).strip()
+            print(f"FAIL {name}: {last[:4000]}")
     return failed
 
 

@@ -110,6 +110,11 @@ cp -r "$BASE_KIT/scripts" "$BASE_KIT/models" "$KIT/"
 for f in project-site.tar.xz redis.tar.xz; do
   [ -f "$BASE_KIT/payload/$f" ] && cp "$BASE_KIT/payload/$f" "$KIT/payload/"
 done
+# The base kit's JIT prewarm lists 0.5.11's sglang.jit_kernel modules; 0.5.23 has its JIT kernels
+# under sglang.kernels.jit, so the prewarm is replaced by a no-op (the server compiles what it
+# needs itself).
+printf '#!/usr/bin/env python3\n"""Skipped: the base kit lists 0.5.11 JIT modules."""\nprint("prewarm skipped (sglang %s)")\n' \
+  "$VERSION" > "$KIT/scripts/prewarm_jit.py"
 echo "sglang $VERSION, sglang-kernel $KERNEL" > "$KIT/payload/RELEASE"
 du -sh "$KIT"/payload/* "$KIT/models"
 du -sh "$KIT"
