@@ -192,7 +192,11 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
             # None when an engine restarted in the job: its counter started again at 0.
             "decode_tok_s": round(rate, 1) if (rate := tl.whole_decode_rate()) > 0 else None,
             "occupancy": round(tl.occupancy(whole=True), 3),
-            "occupancy_until_all_taken": round(tl.occupancy(), 3),
+            # None when every batch was taken before the first request ran (one round of
+            # batches): the window is empty.
+            "occupancy_until_all_taken": (round(tl.occupancy(), 3) if tl.t_first is not None
+                                          and (tl.t_all_taken or tl.t_done or 0) > tl.t_first
+                                          else None),
             "tail_share": round(tl.tail_share, 3), "mean_waiting": round(tl.mean_waiting(), 1),
             "output_tokens": counters.get("output_tokens"),
             # Completion tokens the job stored per second (the engine's counter restarts at 0
@@ -442,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mean-tokens", type=float, default=500.0)
     ap.add_argument("--sigma", type=float, default=WORKLOAD_SIGMA, help="0: every row the mean")
     ap.add_argument("--max-new-tokens", type=int, default=3000)
-    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--batch-size", type=int, default=100,
+                    help="rows per batch (>= 2 x the in-flight budget, or a worker runs dry)")
     ap.add_argument("--batches-per-gpu", type=int, default=0,
                     help="FLEET_BATCHES_PER_GPU of the workers (default: the setting's)")
     ap.add_argument("--plain", default="", help="comma-separated in-flight counts")

@@ -170,12 +170,12 @@ def test_gpu_check_on_the_simulator_orders_the_plain_client_around_the_fleet(
     import os
     import subprocess
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "FLEET_SIM_SPEED": "50", "FLEET_SIM_CALIBRATION": "h200-dummy",
+    env = {**os.environ, "FLEET_SIM_SPEED": "5", "FLEET_SIM_CALIBRATION": "h200-dummy",
            "PYTHONPATH": str(root)}
     res = subprocess.run(
         [sys.executable, "-m", "bench.gpu_check", "--engine", "sim", "--gpus", "1",
          "--profile", "qwen36-27b", "--prompts", "30", "--batch-size", "10",
-         "--mean-tokens", "60", "--max-new-tokens", "200", "--plain-before",
+         "--mean-tokens", "100", "--max-new-tokens", "300", "--plain-before",
          "--fixed-tokens", "50", "--fixed-prompts", "20", "--anchor", "--out", str(tmp_path)],
         cwd=root, env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
