@@ -26,6 +26,10 @@ Sampling: the fleet's rows carry none, so SGLang applies the model's ``generatio
 on (the CLI's default): with dummy weights EOS almost never comes, so the fleet's rows also run
 to their ``max_tokens``.
 
+The ratio the check reports (``fleet_ratio``) is the fleet job's decode tokens/s (the engine's
+own counter, from the first running request until the last batch was stored) over the CLI's
+output tokens/s (its generated tokens over its one ``Engine.generate`` call, warm-up excluded).
+
 The CLI imports ``datasets`` at module import (``sglang.benchmark.datasets``) for datasets this
 run never uses; where the package is missing (the lent GPU machine), a stand-in whose
 ``load_dataset`` raises is put last on ``PYTHONPATH``.
