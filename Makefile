@@ -61,6 +61,8 @@ bench: install redis-bin
 # a job, verify, the data set, optional plain-client and engine-kill phases; the summary goes to
 # bench/results/. Never part of `make test`. Example:
 #   make gpu-check GPU_CHECK_ARGS="--profile qwen36-27b --prompts 2000 --plain 48,96"
+#   make gpu-check GPU_CHECK_ARGS="--profile qwen36-27b --plain 96 --plain-before --anchor"
+#   (the plain client before and after the fleet, then SGLang's bench_offline_throughput)
 GPU_CHECK_ARGS ?= --profile qwen36-27b
 gpu-check: install redis-bin
 	$(PY) -c "import sglang" 2>/dev/null || $(PIP) install -q -e '.[gpu]'

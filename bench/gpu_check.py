@@ -10,18 +10,33 @@ start time, effective cap, tokens/s from the engines' own ``/metrics``, occupanc
 - ``--plain 48,96``: after the fleet's job, a seed-style plain client (``bench/plain_client``)
   sends the same prompts with the same per-row lengths straight to the same engines;
   the ratio fleet ÷ plain is whole-job decode tokens/s from the same ``/metrics`` counter;
+- ``--plain-before``: the plain client also runs before the fleet's job (order control: an
+  engine decodes faster after its first minutes), and the summary gives both ratios and their
+  mean (``fleet_vs_plain``); without ``--plain`` it runs 96 in flight;
+- ``--fixed-tokens N`` (default 500; 0 skips it): a second job whose rows all ask exactly N
+  tokens, so the engine's running requests finish on the same step (the synchronised case),
+  then the plain client on the same rows (``fixed_job``);
 - ``--tune-auto``: while the job runs, ``fleet tune auto`` diagnoses GPU 0 and relaunches it
   with a better profile (its own before/after measurement is kept);
 - ``--kill-engine-after-s T``: a second job, during which the engine of GPU 0 is SIGKILLed T s
   after the job's first request (the worker restarts it; ``verify`` must still be exact);
 - after the workers' warm shutdown, the GPUs' used memory (nvidia-smi) shows whether the
-  engines gave their memory back.
+  engines gave their memory back;
+- ``--anchor``: then SGLang's own ``python -m sglang.bench_offline_throughput`` runs on GPU 0
+  with the same launch flags, the main job's rows' lengths and the same sampling
+  (``bench/sglang_anchor.py`` says how the rows reach it); summary key ``sglang_offline``
+  with ``output_tok_s`` and ``fleet_ratio`` (the fleet's job's decode tokens/s ÷ it).
+
+The main job's rows are the workload's shape (log-normal, sigma 0.8) at a mean of 500 output
+tokens, long enough that prefill is the workload's share of the work. Every request uses the
+model's own sampling (its ``generation_config.json``): sampled, not greedy.
 
 Dummy weights (the borrowed H200) generate random tokens: EOS almost never comes, so output
 lengths are the rows' ``max_tokens``, and an MTP draft is accepted ~1.0 token per step, so
 tokens/s are MTP's cost without its gain. ``--engine sim`` runs the same check on the simulator.
 
-    python -m bench.gpu_check --profile qwen36-27b-h200-dummy --prompts 300 --plain 96,48
+    python -m bench.gpu_check --profile qwen36-27b-h200-dummy --prompts 300 --plain 96 \
+        --plain-before --anchor
 """
 
 from __future__ import annotations
@@ -45,6 +60,8 @@ from bench.common import Fleet, local_fleet
 from bench.engines import JobWatch, LoadSampler, decode_tokens
 from bench.gpu_configs import gpu_memory_used_mib
 from bench.plain_client import read_prompts, run_plain
+from bench.sglang_anchor import run_anchor
+from config.launch_profile import load_profile
 from workers.delivery import jobstate
 
 # The workload's output lengths (docs/workload.md): log-normal, mean 2,490, capped at
@@ -52,6 +69,12 @@ from workers.delivery import jobstate
 WORKLOAD_SIGMA = 0.8
 # Seconds between two samples of the engines' /v1/loads, for the fleet's job and a plain client.
 WATCH_INTERVAL_S = 0.5
+# The plain client's in-flight count with --plain-before and no --plain (the seed's later 96).
+DEFAULT_PLAIN = 96
+# Goals of issue 29: the fleet's busy slots until its last batch is taken, and the fleet's
+# whole job against SGLang's own offline engine on the same rows.
+OCCUPANCY_GOAL = 0.99
+OFFLINE_GOAL = 0.99
 
 
 class StartFailed(RuntimeError):
@@ -72,6 +95,54 @@ def write_prompts(path: Path, n: int, mean_tokens: float, sigma: float, cap: int
                        {"role": "user", "content": f"Explain idea {i} step by step."}]}}
             fh.write(json.dumps(row) + "\n")
     return path
+
+
+def rows_summary(path: Path, sigma: float) -> dict[str, Any]:
+    """What the rows ask for: count, shape, mean / min / max of their ``max_tokens``."""
+    lengths = [int(r["body"]["max_tokens"]) for r in read_prompts(path)]
+    return {"prompts": len(lengths), "sigma": sigma,
+            "mean_tokens": round(sum(lengths) / max(len(lengths), 1), 1),
+            "min_tokens": min(lengths, default=0), "max_tokens": max(lengths, default=0),
+            "sampling": "the model's generation_config (sampled, not greedy)"}
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num ÷ den to 3 places; None when either is missing."""
+    if not num or not den:
+        return None
+    return round(num / den, 3)
+
+
+def order_ratios(job: dict[str, Any], before: list[dict[str, Any]],
+                 after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fleet ÷ plain for each in-flight count measured before and after the fleet's job,
+    and their mean (the order-controlled figure)."""
+    out = []
+    for b in before:
+        a = next((p for p in after if p["in_flight"] == b["in_flight"]), None)
+        rb = ratio(job.get("decode_tok_s"), b.get("decode_tok_s"))
+        ra = ratio(job.get("decode_tok_s"), a.get("decode_tok_s")) if a else None
+        both = [r for r in (rb, ra) if r is not None]
+        out.append({"in_flight": b["in_flight"], "before": rb, "after": ra,
+                     "mean": round(sum(both) / len(both), 3) if both else None})
+    return out
+
+
+def goals(summary: dict[str, Any]) -> dict[str, Any]:
+    """Issue 29's two goals, measured and met or not."""
+    out: dict[str, Any] = {}
+    for key in ("job", "fixed_job"):
+        job = summary.get(key)
+        if job:
+            occ = job.get("occupancy_until_all_taken")
+            out[f"{key}_occupancy_until_all_taken"] = {
+                "value": occ, "goal": OCCUPANCY_GOAL,
+                "met": occ is not None and occ >= OCCUPANCY_GOAL}
+    anchor = summary.get("sglang_offline") or {}
+    if anchor.get("fleet_ratio") is not None:
+        out["fleet_vs_sglang_offline"] = {"value": anchor["fleet_ratio"], "goal": OFFLINE_GOAL,
+                                          "met": anchor["fleet_ratio"] >= OFFLINE_GOAL}
+    return out
 
 
 def visible_gpus() -> int:
@@ -121,7 +192,11 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
             # None when an engine restarted in the job: its counter started again at 0.
             "decode_tok_s": round(rate, 1) if (rate := tl.whole_decode_rate()) > 0 else None,
             "occupancy": round(tl.occupancy(whole=True), 3),
-            "occupancy_until_all_taken": round(tl.occupancy(), 3),
+            # None when every batch was taken before the first request ran (one round of
+            # batches): the window is empty.
+            "occupancy_until_all_taken": (round(tl.occupancy(), 3) if tl.t_first is not None
+                                          and (tl.t_all_taken or tl.t_done or 0) > tl.t_first
+                                          else None),
             "tail_share": round(tl.tail_share, 3), "mean_waiting": round(tl.mean_waiting(), 1),
             "output_tokens": counters.get("output_tokens"),
             # Completion tokens the job stored per second (the engine's counter restarts at 0
@@ -144,6 +219,21 @@ def run_plain_client(urls: list[str], caps: list[int], prompts: Path, in_flight:
             "output_tokens": result.output_tokens,
             "decode_tok_s": round((after - before) / max(result.seconds, 1e-9), 1),
             "occupancy": round(watch.occupancy(), 3)}
+
+
+def capture_startup(url: str, out: Path, stamp: str) -> list[str]:
+    """GPU 0's ``/server_info``, ``/v1/loads`` and ``/metrics`` as the healthy engine first
+    answers them, kept beside the summary (what the fleet's readers parse, per release)."""
+    kept = []
+    for path, name in (("/server_info", "server_info.json"), ("/v1/loads", "v1_loads.json"),
+                       ("/metrics", "metrics.txt")):
+        try:
+            body = httpx.get(f"{url}{path}", timeout=10).text
+        except httpx.HTTPError as exc:
+            body = f"error: {exc!r}"
+        (out / f"gpu-check-{stamp}-{name}").write_text(body)
+        kept.append(f"gpu-check-{stamp}-{name}")
+    return kept
 
 
 def tune_json(fleet: Fleet, *args: str, timeout_s: float) -> dict[str, Any]:
@@ -180,22 +270,105 @@ def table(summary: dict[str, Any]) -> str:
     for w in summary["workers"]:
         rows.append((f"gpu{w['gpu']} start / cap / KV tokens",
                      f"{w['healthy_after_s']} s / {w['cap']} / {w['max_total_num_tokens']:,}"))
-    for key in ("job", "fault_job"):
-        j = summary.get(key)
-        if j:
-            v = j["verify"]
-            rows.append((f"{key}: prompts / s / decode tok/s / stored tok/s / occupancy",
-                         f"{j['prompts']} / {j['seconds']} / {j['decode_tok_s']} / "
-                         f"{j['stored_tok_s']} / {j['occupancy']}"))
-            rows.append((f"{key}: verify", f"ok={v['ok']} unique={v['unique']} "
-                         f"missing={v['missing']} duplicates={v['duplicates']}"))
+    rows += _table_rows(summary)
+    rows.append(("GPU memory used after stop (MiB)", summary.get("memory_after_stop_mib")))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _job_rows(key: str, j: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The table's lines for one fleet job (and the plain client run on its rows after it)."""
+    v = j["verify"]
+    rows: list[tuple[str, Any]] = [
+        (f"{key}: prompts / s / decode tok/s / stored tok/s / occupancy (until all taken)",
+         f"{j['prompts']} / {j['seconds']} / {j['decode_tok_s']} / {j['stored_tok_s']} / "
+         f"{j['occupancy']} ({j['occupancy_until_all_taken']})"),
+        (f"{key}: verify", f"ok={v['ok']} unique={v['unique']} missing={v['missing']} "
+         f"duplicates={v['duplicates']}")]
+    for p in j.get("plain", []):
+        rows.append((f"{key}: plain {p['in_flight']} in flight after: s / tok/s / occupancy / "
+                     "fleet ratio", f"{p['seconds']} / {p['decode_tok_s']} / "
+                     f"{p.get('occupancy')} / {p.get('fleet_ratio')}"))
+    return rows
+
+
+def _table_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The table's lines for the rows, the jobs, the plain runs, the anchor and the goals."""
+    rows: list[tuple[str, Any]] = []
+    r = summary.get("rows")
+    if r:
+        rows.append(("rows: prompts / sigma / mean, min, max tokens / sampling",
+                     f"{r['prompts']} / {r['sigma']} / {r['mean_tokens']}, {r['min_tokens']}, "
+                     f"{r['max_tokens']} / {r['sampling']}"))
+    for p in summary.get("plain_before", []):
+        rows.append((f"plain {p['in_flight']} in flight, before: s / tok/s / occupancy / "
+                     "fleet ratio", f"{p['seconds']} / {p['decode_tok_s']} / "
+                     f"{p.get('occupancy')} / {p.get('fleet_ratio')}"))
+    for key in ("job", "fixed_job", "fault_job"):
+        if summary.get(key):
+            rows += _job_rows(key, summary[key])
     for p in summary.get("plain", []):
         rows.append((f"plain {p['in_flight']} in flight: s / tok/s / occupancy / fleet ratio",
                      f"{p['seconds']} / {p['decode_tok_s']} / {p.get('occupancy')} / "
                      f"{p.get('fleet_ratio')}"))
-    rows.append(("GPU memory used after stop (MiB)", summary.get("memory_after_stop_mib")))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    for o in summary.get("fleet_vs_plain", []):
+        rows.append((f"fleet / plain {o['in_flight']}: before / after / mean",
+                     f"{o['before']} / {o['after']} / {o['mean']}"))
+    a = summary.get("sglang_offline")
+    if a:
+        rows.append(("sglang_offline: output tok/s / s / fleet ratio",
+                     f"{a.get('output_tok_s')} / {a.get('seconds')} / {a.get('fleet_ratio')}"
+                     if "error" not in a else f"error: {a['error'][:200]}"))
+    for name, g in summary.get("goals", {}).items():
+        rows.append((f"goal {name}", f"{g['value']} (>= {g['goal']}: "
+                     f"{'met' if g['met'] else 'not met'})"))
+    return rows
+
+
+def ordered_jobs(fleet: Fleet, args: argparse.Namespace, stamp: str, summary: dict[str, Any],
+                 result: Path, urls: list[str], caps: list[int], prompts: Path,
+                 during: Any) -> None:
+    """The plain client before (``--plain-before``) and after the fleet's job on the same rows,
+    then the fixed-length job and the plain client after it."""
+    counts = [int(x) for x in args.plain.split(",") if x.strip()]
+    if args.plain_before and not counts:
+        counts = [DEFAULT_PLAIN]
+
+    def plain_runs(rows: Path, key: str, job: dict[str, Any] | None,
+                   into: dict[str, Any]) -> None:
+        into[key] = []
+        for n in counts:
+            plain = run_plain_client(urls, caps, rows, n, args.max_new_tokens)
+            if job is not None:
+                plain["fleet_ratio"] = ratio(job["decode_tok_s"], plain["decode_tok_s"])
+            into[key].append(plain)
+            result.write_text(json.dumps(summary, indent=2) + "\n")
+
+    if args.plain_before:  # on the fresh engine, before the fleet's job
+        plain_runs(prompts, "plain_before", None, summary)
+    job = run_fleet_job(fleet, urls, caps, prompts, args.prompts, f"gc-{stamp}",
+                        args.batch_size, args.max_new_tokens, args.job_timeout_s, during)
+    summary["job"] = job
+    sink = fleet.producer("sink", "--job", job["job"], "--local", "--json")
+    summary["dataset"] = json.loads(sink.stdout)
+    for p in summary.get("plain_before", []):
+        p["fleet_ratio"] = ratio(job["decode_tok_s"], p["decode_tok_s"])
+    result.write_text(json.dumps(summary, indent=2) + "\n")
+    plain_runs(prompts, "plain", job, summary)
+    if args.plain_before:
+        summary["fleet_vs_plain"] = order_ratios(job, summary["plain_before"], summary["plain"])
+    result.write_text(json.dumps(summary, indent=2) + "\n")
+    if args.fixed_tokens > 0:
+        nfix = args.fixed_prompts or args.prompts
+        fixed = write_prompts(fleet.workdir / "fixed.jsonl", nfix, args.fixed_tokens, 0.0,
+                              args.max_new_tokens, args.seed + 2)
+        fjob = run_fleet_job(fleet, urls, caps, fixed, nfix, f"gcx-{stamp}", args.batch_size,
+                             args.max_new_tokens, args.job_timeout_s)
+        fjob["rows"] = rows_summary(fixed, 0.0)
+        summary["fixed_job"] = fjob
+        result.write_text(json.dumps(summary, indent=2) + "\n")
+        plain_runs(fixed, "plain", fjob, fjob)
+        result.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
@@ -214,6 +387,7 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
                            "max_total_num_tokens": int(lo["max_total_num_tokens"])}
                           for g, lo in enumerate(engine_loads(u) for u in urls)]
     caps = [w["cap"] for w in summary["workers"]]
+    summary["startup_captures"] = capture_startup(urls[0], args.out, stamp)
     result.write_text(json.dumps(summary, indent=2) + "\n")
     prompts = write_prompts(fleet.workdir / "prompts.jsonl", args.prompts, args.mean_tokens,
                             args.sigma, args.max_new_tokens, args.seed)
@@ -229,19 +403,8 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
         tune["diagnose_after"] = diagnose(fleet, 0)
         return {}
 
-    job = run_fleet_job(fleet, urls, caps, prompts, args.prompts, f"gc-{stamp}",
-                        args.batch_size, args.max_new_tokens, args.job_timeout_s, during)
-    summary["job"] = job
-    sink = fleet.producer("sink", "--job", job["job"], "--local", "--json")
-    summary["dataset"] = json.loads(sink.stdout)
-    result.write_text(json.dumps(summary, indent=2) + "\n")
-    summary["plain"] = []
-    for n in [int(x) for x in args.plain.split(",") if x.strip()]:
-        plain = run_plain_client(urls, caps, prompts, n, args.max_new_tokens)
-        plain["fleet_ratio"] = round((job["decode_tok_s"] or 0) / max(plain["decode_tok_s"], 1e-9),
-                                     3)
-        summary["plain"].append(plain)
-        result.write_text(json.dumps(summary, indent=2) + "\n")
+    summary["rows"] = rows_summary(prompts, args.sigma)
+    ordered_jobs(fleet, args, stamp, summary, result, urls, caps, prompts, during)
     if args.kill_engine_after_s > 0:
         nf = args.fault_prompts or args.prompts
         fprompts = write_prompts(fleet.workdir / "fault.jsonl", nf, args.mean_tokens,
@@ -256,6 +419,23 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
                                              args.job_timeout_s, kill)
 
 
+def anchor(fleet: Fleet, args: argparse.Namespace, summary: dict[str, Any],
+           result: Path) -> None:
+    """SGLang's bench_offline_throughput on the main job's rows, GPU 0 (the workers are
+    stopped: the GPU is free); ``sglang_offline`` in the summary."""
+    if args.engine != "sglang":
+        summary["sglang_offline"] = {"error": "the anchor needs real SGLang (--engine sglang)"}
+        return
+    from workers.engine.versions import installed_version
+    out = run_anchor(load_profile(args.profile), read_prompts(fleet.workdir / "prompts.jsonl"),
+                     args.max_new_tokens, fleet.workdir, fleet.workdir / "logs" / "anchor.log",
+                     args.anchor_timeout_s, installed_version(), args.seed)
+    out["fleet_ratio"] = ratio(summary["job"].get("decode_tok_s"), out.get("output_tok_s"))
+    out["order"] = "after the fleet's workers stopped, on its own fresh engine"
+    summary["sglang_offline"] = out
+    result.write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the check; exit 1 unless every job verified exactly, 3 if no engine started."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -263,13 +443,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="sglang", choices=("sglang", "sim"))
     ap.add_argument("--gpus", type=int, default=0, help="workers (default: every visible GPU)")
     ap.add_argument("--prompts", type=int, default=300)
-    ap.add_argument("--mean-tokens", type=float, default=160.0)
-    ap.add_argument("--sigma", type=float, default=WORKLOAD_SIGMA)
-    ap.add_argument("--max-new-tokens", type=int, default=640)
-    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--mean-tokens", type=float, default=500.0)
+    ap.add_argument("--sigma", type=float, default=WORKLOAD_SIGMA, help="0: every row the mean")
+    ap.add_argument("--max-new-tokens", type=int, default=3000)
+    ap.add_argument("--batch-size", type=int, default=100,
+                    help="rows per batch (>= 2 x the in-flight budget, or a worker runs dry)")
     ap.add_argument("--batches-per-gpu", type=int, default=0,
                     help="FLEET_BATCHES_PER_GPU of the workers (default: the setting's)")
     ap.add_argument("--plain", default="", help="comma-separated in-flight counts")
+    ap.add_argument("--plain-before", action="store_true",
+                    help="the plain client before the fleet's job too (order control)")
+    ap.add_argument("--fixed-tokens", type=int, default=500,
+                    help="a second job of rows of exactly N tokens (0: none)")
+    ap.add_argument("--fixed-prompts", type=int, default=0, help="default: --prompts")
+    ap.add_argument("--anchor", action="store_true",
+                    help="then SGLang's bench_offline_throughput on the same flags and rows")
+    ap.add_argument("--anchor-timeout-s", type=float, default=900.0)
+    ap.add_argument("--headroom", type=float, default=0.0,
+                    help="the workers' FLEET_CLIENT_HEADROOM (default: the setting's)")
     ap.add_argument("--tune-auto", action="store_true")
     ap.add_argument("--tune-window-s", type=float, default=40.0)
     ap.add_argument("--kill-engine-after-s", type=float, default=0.0)
@@ -288,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         env.update({k: v for k, v in os.environ.items() if k.startswith("FLEET_SIM_")})
     if args.batches_per_gpu:
         env["FLEET_BATCHES_PER_GPU"] = str(args.batches_per_gpu)
+    if args.headroom:
+        env["FLEET_CLIENT_HEADROOM"] = str(args.headroom)
     summary: dict[str, Any] = {"date": stamp, "profile": args.profile, "engine": args.engine,
                                "argv": sys.argv[1:] if argv is None else argv,
                                "gpus": gpus, "memory_before_mib": gpu_memory_used_mib(),
@@ -295,14 +488,22 @@ def main(argv: list[str] | None = None) -> int:
                                "max_tokens, MTP accepts ~1.0 token per step"}
     result = args.out / f"gpu-check-{stamp}.json"
     with local_fleet("gpu-check", **env) as fleet:
+        finished = False
         try:
             phases(fleet, args, gpus, stamp, summary, result)
+            finished = True
         except StartFailed as exc:
             summary["start_error"] = str(exc)
         finally:  # a run stopped by its time limit (SIGINT) keeps what it did and the logs
             fleet.stop_workers()
             time.sleep(3)
             summary["memory_after_stop_mib"] = gpu_memory_used_mib()
+            if args.anchor and finished:  # not after an interrupt: the call's time is up
+                try:
+                    anchor(fleet, args, summary, result)
+                except KeyboardInterrupt:  # the wrapper's SIGINT: keep what was measured
+                    summary["sglang_offline"] = {"error": "interrupted by the time limit"}
+            summary["goals"] = goals(summary)
             logs = fleet.workdir / "logs"
             for p in logs.glob("*.log"):
                 (args.out / f"gpu-check-{stamp}-{p.name}").write_bytes(
