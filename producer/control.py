@@ -55,7 +55,7 @@ def list_jobs(r: redis.Redis) -> list[dict[str, Any]]:
         spec_raw, state = r.hmget(keys.job, ["spec", "state"])
         spec = JobSpec.model_validate_json(spec_raw) if spec_raw else None
         c = jobstate.counters(r, name)
-        total = spec.total if spec else 0
+        total = spec.expected_samples if spec else 0  # the counters count samples
         out.append({"job": name, "state": (state or b"running").decode(), "total": total,
                     "completed": c["completed"], "failed": c["failed"],
                     "done_batches": r.scard(keys.done),

@@ -77,6 +77,9 @@ def status_table(st: dict[str, Any]) -> Group:
     done_pct = 100 * finished / max(st["total"], 1)
     for k, v in (
         ("progress", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
+        *([("prompts done (every sample stored)",
+            f"{st['prompts_done']:,}/{st['prompts']:,}")]
+          if st.get("prompts") not in (None, st["total"]) else []),
         ("completed / failed / quarantined / truncated",
          f"{st['completed']:,} / {st['failed']:,} / {st.get('quarantined', 0):,} / "
          f"{st['truncated']:,}"),
@@ -96,7 +99,8 @@ def verify_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"verify {report['job']}", show_header=False)
     table.add_column("k")
     table.add_column("v")
-    for k in ("expected", "rows", "unique", "duplicates", "missing", "misplaced", "failed",
+    for k in ("expected", "prompts", "samples", "rows", "unique", "duplicates", "missing",
+              "misplaced", "failed",
               "quarantined", "truncated"):
         table.add_row(k, f"{report.get(k, 0):,}")
     table.add_row("ok", "yes" if report["ok"] else "NO")

@@ -18,6 +18,7 @@ from workers.dataset.jobs import (
     result_key,
 )
 from workers.dataset.manifest import launch_digest
+from workers.dataset.samples import parse_unit_key
 from workers.dataset.store import LocalStore
 from workers.delivery import jobstate
 from workers.delivery.progress import read_progress
@@ -102,7 +103,8 @@ def test_reuse_needs_same_sampling_and_profile_and_matches_repeats_once(tmp_path
     new = make_job(store, "dst", rows, batch_size=10, missing=(0,))
     report = apply_reuse(store, r, new, "src", "qwen36-27b")
     assert (report.rows, report.batches, report.partial_batches) == (3, 0, 1)
-    chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("dst").progress(0)).items()}
+    raw = r.hgetall(jobstate.Keys("dst").progress(0))
+    chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
     got = {x["index"]: x for x in read_progress(store, "dst", 0, chunks)}
     assert sorted(got) == [0, 1, 3]  # two of three repeats: src has two finished copies
     assert {got[0]["completion"], got[1]["completion"]} == {"answer to p0", "answer to p0b"}

@@ -128,8 +128,9 @@ def bucket(now: float | None = None) -> int:
 
 
 def record_args(batch: int, node: str, token: str,
-                rows: list[tuple[int, bytes, str, int]]) -> list[Any]:
-    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, then (index, row, kind,
+                rows: list[tuple[int | str, bytes, str, int]]) -> list[Any]:
+    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, then (unit key: the index, or
+    "index:sample" for samples after the first; row, kind,
     tokens) per row."""
     argv: list[Any] = [batch, bucket(), node, token]
     for index, row, kind, tokens in rows:

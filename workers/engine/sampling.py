@@ -152,6 +152,7 @@ class Translated:
     logprobs: dict[str, Any] = field(default_factory=dict)  # return_logprob, top_logprobs_num
     chat: dict[str, Any] = field(default_factory=dict)  # chat-only request fields
     dropped: list[str] = field(default_factory=list)  # metadata keys, never sent
+    samples: int | None = None  # OpenAI ``n``: samples per prompt (never sent as such)
 
 
 def _check_type(key: str, value: Any, param: Param) -> None:
@@ -200,9 +201,11 @@ def _sampling_key(key: str, value: Any, chat: bool, out: Translated) -> None:
     _check_type(key, value, SAMPLING_PARAMS[name])
     _check_range(key, name, value)
     if name == "n":
-        if value != 1:
-            raise SamplingError(key, f"is {value}: the fleet keeps one answer per prompt, so "
-                                     "n > 1 would generate answers that are thrown away")
+        # N samples per prompt: the fleet sends each sample as its own request (each with its
+        # own seed; workers/dataset/samples.py), so ``n`` itself never reaches the engine.
+        if value < 1:
+            raise SamplingError(key, f"is {value}: the samples per prompt must be at least 1")
+        out.samples = value
         return
     if key == "max_tokens" and out.sampling.get("max_new_tokens") is not None:
         return  # max_completion_tokens wins, as in to_sampling_params
@@ -280,7 +283,7 @@ def job_params(items: list[str]) -> dict[str, Any]:
     if t.dropped or t.logprobs:
         key = (t.dropped or list(LOGPROB_KEYS))[0]
         raise SamplingError(key, "is not a sampling parameter")
-    return t.sampling
+    return {**t.sampling, **({"n": t.samples} if t.samples is not None else {})}
 
 
 def route_fields(t: Translated, chat: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
