@@ -74,12 +74,15 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
     """Sampling params of an OpenAI body, in /generate terms.
 
     SGLang's OpenAI routes parse the body into pydantic request models and build the sampling
-    dict from named fields (``ChatCompletionRequest.to_sampling_params``), so an unknown body key
-    (``user``, ``seed``...) never reaches ``SamplingParams``: it is ignored here too. ``logprobs``
+    dict from named fields (``ChatCompletionRequest.to_sampling_params``, which maps ``seed`` to
+    ``sampling_seed``), so an unknown body key (``user``...) never reaches ``SamplingParams``:
+    it is ignored here too. ``logprobs``
     and ``top_logprobs`` are request fields (:func:`chat_logprob_request`).
     """
     params = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos") if k in body}
     params["max_new_tokens"] = max_tokens
+    if body.get("seed") is not None:  # to_sampling_params: seed -> sampling_seed
+        params["sampling_seed"] = body["seed"]
     return params
 
 

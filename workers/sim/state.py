@@ -214,6 +214,10 @@ def make_request(
         _check_scheduler_length(input_len, plan.max_req_input_len)
     clamped = clamp_max_new_tokens(max_new, input_len, plan.max_req_len)
     identity = text if key is None else key
+    if params.get("sampling_seed") is not None:
+        # Another seed draws another answer (SGLang's sampler seeds each request's draw with
+        # its sampling_seed): the samples of one prompt differ, a rerun repeats them.
+        identity = f"{identity}\0seed={params['sampling_seed']}"
     drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw(identity)
     return SimRequest(
         rid=rid or uuid.uuid4().hex,
