@@ -28,7 +28,9 @@ def sampling_for(spec: JobSpec, row: PromptRow, sample: int = 0) -> Sampling:
     js = spec.sampling
     chat = row.messages is not None or js.chat
     own = translate(row.params, chat, lenient=True)
-    job = translate(js.params, chat, lenient=True).sampling
+    job_t = translate(js.params, chat, lenient=True)
+    job = job_t.sampling
+    own.chat = {**job_t.chat, **own.chat}  # e.g. --sampling json_schema=… as response_format
     for name in ("temperature", "top_p"):
         if getattr(js, name) is not None:
             job[name] = getattr(js, name)
