@@ -159,7 +159,8 @@ def generate_result(state: SimState, req: SimRequest, ask: LogprobAsk | None = N
         "decode_throughput": req.generated / req.latency if req.latency > 0 else 0.0,
         "response_sent_to_client_ts": now,
     })
-    return {"text": filler_text(text_tokens(req)), "output_ids": ids, "meta_info": meta}
+    text = req.json_text if req.json_text is not None else filler_text(text_tokens(req))
+    return {"text": text, "output_ids": ids, "meta_info": meta}
 
 
 def generate_handler(state: SimState) -> JsonHandler:
