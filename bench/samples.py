@@ -1,0 +1,116 @@
+"""Issue 27: N samples per prompt against the same prompts written out N times.
+
+One worker with a simulated engine (the qwen36-27b profile, metrics on) runs two jobs of the
+same P prompts, the engine's radix cache flushed (``/flush_cache``) before each:
+
+- ``samples``: the P prompts with ``--samples 8``;
+- ``copies``: the P prompts written 8 times each (each row repeated in place, the workaround a
+  user without ``--samples`` writes).
+
+Measured from the engine, not assumed: its ``sglang:realtime_tokens_total`` counters
+(``mode="prefill_compute"``: prompt tokens the engine computed; ``mode="decode"``: tokens it
+generated) read before and after each job, and each job's wall time from ``enqueue`` until
+``status`` says done. Goals: the samples job's whole-job tokens/s >= 1.0 x the copies job's,
+and its prefill tokens computed <= 1.1 x the P prompts' own tokens (the copies job computes up
+to 8 x).
+
+``python -m bench.samples [--prompts 48] [--samples 8]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from bench.common import Goal, _corpus, local_fleet, note, verdict
+from bench.engines import parse_counter
+from workers.sim.textgen import count_chat_tokens
+
+PROMPT_CHARS = 8000  # ~2,000 tokens at the simulator's 4 characters per token
+
+
+def write_prompts(path: Path, n: int, copies: int = 1, seed: int = 3) -> int:
+    """P chat prompts of ~2,000 tokens, each row ``copies`` times in a row; return the P
+    prompts' own tokens (as the engine counts them)."""
+    rng = random.Random(seed)
+    corpus = _corpus(rng, n * PROMPT_CHARS + 2**16)
+    tokens = 0
+    with path.open("wb") as fh:
+        for i in range(n):
+            start = rng.randrange(len(corpus) - PROMPT_CHARS)
+            messages = [{"role": "user", "content": f"Problem {i}: "
+                         + corpus[start:start + PROMPT_CHARS]}]
+            tokens += count_chat_tokens(messages)
+            for c in range(copies):
+                fh.write(orjson.dumps({"id": f"q{i}-{c}", "messages": messages}) + b"\n")
+    return tokens
+
+
+def counters(url: str) -> dict[str, float]:
+    """The engine's prefill-computed, prefill-cached and decode token counters."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {mode: parse_counter(text, "sglang:realtime_tokens_total", f'mode="{mode}"')
+            for mode in ("prefill_compute", "prefill_cache", "decode")}
+
+
+def run(fleet, url: str, path: Path, job: str, *extra: str) -> dict[str, float]:
+    """Flush the engine's cache, run one job to its end, return what the engine counted."""
+    assert httpx.post(f"{url}/flush_cache", timeout=10).status_code == 200
+    before = counters(url)
+    t0 = time.monotonic()
+    fleet.producer("enqueue", str(path), "--job", job, "--batch-size", "64",
+                   "--max-new-tokens", "1200", "--temperature", "0.8", *extra)
+    while True:
+        st = orjson.loads(fleet.producer("status", "--job", job, "--json").stdout)
+        if st["done"]:
+            break
+        time.sleep(0.5)
+    wall = time.monotonic() - t0
+    report = orjson.loads(fleet.producer("verify", "--job", job, "--json").stdout)
+    after = counters(url)
+    got = {k: after[k] - before[k] for k in after}
+    got.update(wall_s=wall, tok_s=got["decode"] / wall, rows=report["rows"],
+               verified=float(report["ok"]))
+    note(f"{job}: {report['rows']} rows in {wall:.1f} s, {got['tok_s']:,.0f} decode tok/s, "
+         f"prefill computed {got['prefill_compute']:,.0f}, from cache "
+         f"{got['prefill_cache']:,.0f}, verify ok: {report['ok']}")
+    return got
+
+
+def main() -> int:
+    """Run both jobs and print the ratios beside their goals."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=48)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--speed", default="20")
+    args = ap.parse_args()
+    with local_fleet("samples", FLEET_SIM_SPEED=args.speed,
+                     FLEET_SIM_MEAN_OUTPUT_TOKENS="400") as fleet:
+        work = fleet.workdir
+        own = write_prompts(work / "prompts.jsonl", args.prompts)
+        write_prompts(work / "copies.jsonl", args.prompts, copies=args.samples)
+        fleet.start_workers(1)
+        url = fleet.engine_url(0)
+        samples = run(fleet, url, work / "prompts.jsonl", "samples", "--samples",
+                      str(args.samples))
+        copies = run(fleet, url, work / "copies.jsonl", "copies")
+    note(f"the {args.prompts} prompts' own tokens: {own:,}")
+    return verdict(f"{args.prompts} prompts x {args.samples} samples vs copied rows", [
+        Goal("whole-job tokens/s, samples / copies", samples["tok_s"] / copies["tok_s"],
+             1.0, "x"),
+        Goal("prefill computed / prompt tokens (samples)", samples["prefill_compute"] / own,
+             1.1, "x", at_most=True),
+        Goal("prefill computed / prompt tokens (copies; bound, not a goal)",
+             copies["prefill_compute"] / own, float(args.samples), "x", at_most=True),
+        Goal("every sample verified exactly once (both jobs)",
+             min(samples["verified"], copies["verified"]), 1.0),
+    ])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
