@@ -14,7 +14,14 @@ generated) read before and after each job, and each job's wall time from ``enque
 and its prefill tokens computed <= 1.1 x the P prompts' own tokens (the copies job computes up
 to 8 x).
 
-``python -m bench.samples [--prompts 48] [--samples 8]``
+On a hybrid (Mamba) model the radix cache can only resume a prompt where a recurrent state was
+saved: under ``extra_buffer`` every ``--mamba-track-interval`` tokens (256 by default;
+``mem_cache/mamba_radix_cache.py``), so each sample recomputes up to 255 tokens of its
+prompt's tail whether it reuses the prefill through the fleet's own prefill request or through
+SGLang's ``n``. ``--track-interval N`` runs the same profile with ``--mamba-track-interval N``
+(a profile file written under the run's folder) to show that cost apart.
+
+``python -m bench.samples [--prompts 48] [--samples 8] [--track-interval 16]``
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.common import Goal, _corpus, local_fleet, note, verdict
+from bench.common import PROFILE, ROOT, Goal, _corpus, local_fleet, note, verdict
 from bench.engines import parse_counter
 from workers.sim.textgen import count_chat_tokens
 
@@ -88,19 +95,32 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--speed", default="20")
+    ap.add_argument("--track-interval", type=int, default=None,
+                    help="run qwen36-27b with this --mamba-track-interval instead of 256")
     args = ap.parse_args()
     with local_fleet("samples", FLEET_SIM_SPEED=args.speed,
                      FLEET_SIM_MEAN_OUTPUT_TOKENS="400") as fleet:
         work = fleet.workdir
         own = write_prompts(work / "prompts.jsonl", args.prompts)
         write_prompts(work / "copies.jsonl", args.prompts, copies=args.samples)
+        profile = PROFILE
+        if args.track_interval:
+            text = (ROOT / "config/profiles" / f"{PROFILE}.toml").read_text()
+            text = text.replace(f'name = "{PROFILE}"', f'name = "{PROFILE}-track"').replace(
+                "[flags]\n", f"[flags]\nmamba-track-interval = {args.track_interval}\n")
+            (work / "profile.toml").write_text(text)
+            profile = str(work / "profile.toml")
+        note(f"profile {profile}")
+        fleet.base_env["FLEET_PROFILE"] = profile
         fleet.start_workers(1)
         url = fleet.engine_url(0)
         samples = run(fleet, url, work / "prompts.jsonl", "samples", "--samples",
                       str(args.samples))
         copies = run(fleet, url, work / "copies.jsonl", "copies")
     note(f"the {args.prompts} prompts' own tokens: {own:,}")
-    return verdict(f"{args.prompts} prompts x {args.samples} samples vs copied rows", [
+    track = f", --mamba-track-interval {args.track_interval}" if args.track_interval else ""
+    return verdict(f"{args.prompts} prompts x {args.samples} samples vs copied rows "
+                   f"({PROFILE}{track})", [
         Goal("whole-job tokens/s, samples / copies", samples["tok_s"] / copies["tok_s"],
              1.0, "x"),
         Goal("prefill computed / prompt tokens (samples)", samples["prefill_compute"] / own,
