@@ -154,6 +154,8 @@ def enqueue(
     opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
                        spec_sampling.drop_unsupported, spec_sampling.params,
                        samples=spec_sampling.samples, temperature=spec_sampling.temperature)
+    if keep_columns is None:  # a re-run reads the input as the job was created
+        keep_columns = _recorded_keep(store, job)
     if (kept := parse_keep(keep_columns)) is not None:
         opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
     rows = read_rows(input, opts, settings.s3)
@@ -169,6 +171,14 @@ def enqueue(
     if reused:
         err().print(reused[0].summary(), soft_wrap=True)
     trigger_if_complete(r, app, report.spec, settings)
+
+
+def _recorded_keep(store: Store, job: str) -> str | None:
+    """The --keep-columns an existing job was created with (None: none, or no such job)."""
+    try:
+        return load_spec(store, job).keep_arg
+    except JobError:
+        return None
 
 
 @cli.command()

@@ -316,7 +316,8 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, j
                           sampling=sampling, bad_rows=len(report.bad_rows),
                           dropped_keys=dict(dropped_keys or {}),
                           total_samples=samples[0] if samples[0] != total else 0,
-                          keep_columns=kept, keep_schema=kept_schema)
+                          keep_columns=kept, keep_schema=kept_schema,
+                          keep_arg=",".join(keep.wanted) if keep is not None else None)
     if old is None or spec.input_sha256 != report.batch_sha256:
         spec = spec.model_copy(update={"input_sha256": report.batch_sha256})
         save_spec(store, spec)

@@ -78,6 +78,8 @@ class JobSpec(BaseModel):
     keep_columns: dict[str, str] = Field(default_factory=dict)
     # Their Arrow schema, base64 of its IPC serialization (workers/dataset/kept.py).
     keep_schema: str | None = None
+    # --keep-columns as given ("a,b" or "*"): a re-run of enqueue without it reads the same.
+    keep_arg: str | None = None
 
     @property
     def expected_samples(self) -> int:
