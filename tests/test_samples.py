@@ -150,3 +150,100 @@ def test_samples_and_kept_columns_end_to_end(fleet_env, make_workers, tmp_path) 
         else:  # one line per prompt, one choice per sample
             assert len(lines) == 24 and lines[5]["columns"]["ref"] == 10
             assert [c["index"] for c in lines[5]["response"]["body"]["choices"]] == list(range(5))
+
+
+def _pool_children(pid: int) -> list[int]:
+    """A worker's pool processes (its children other than the engine guard)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(k) for k in kids
+            if b"workers.engine.guard" not in Path(f"/proc/{k}/cmdline").read_bytes()]
+
+
+def test_a_batch_killed_halfway_through_its_samples_stores_each_once(
+        fleet_env, make_workers, tmp_path, r) -> None:
+    """SIGKILL the pool process while a batch has some of its samples recorded: the
+    redelivered batch sends only the rest, and every (prompt, sample) is stored once."""
+    import os
+    import signal
+    import time
+
+    from workers.delivery import jobstate
+
+    src = _jsonl(tmp_path / "in.jsonl", [{"id": f"k{i}", "prompt": f"Kill test {i}", "ref": i}
+                                         for i in range(8)])
+    (worker,) = make_workers([0], FLEET_SIM_SPEED="1", FLEET_SIM_MEAN_OUTPUT_TOKENS="150",
+                             FLEET_BATCHES_PER_GPU="1", FLEET_CLIENT_CONCURRENCY="4")
+    res = run_producer(fleet_env, "enqueue", str(src), "--job", "half", "--batch-size", "8",
+                       "--samples", "6", "--temperature", "0.9", "--keep-columns", "ref")
+    assert res.returncode == 0, res.stderr
+    progress = jobstate.Keys("half").progress(0)
+    deadline = time.monotonic() + 60
+    while r.hlen(progress) < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    recorded = r.hlen(progress)
+    assert 12 <= recorded < 48, recorded  # halfway through the batch's samples
+    for pid in _pool_children(worker.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    wait_done(fleet_env, "half", timeout_s=120)
+    report = orjson.loads(run_producer(fleet_env, "verify", "--job", "half", "--json").stdout)
+    assert report == {**report, "expected": 48, "prompts": 8, "samples": 48, "rows": 48,
+                      "duplicates": 0, "missing": 0, "ok": True}
+    store = Path(fleet_env["FLEET_STORE_URL"].removeprefix("file://"))
+    rows = [orjson.loads(x) for x in (store / "jobs/half/results/b000000.jsonl"
+                                      ).read_bytes().splitlines()]
+    assert sorted((x["index"], x["sample"]) for x in rows) == [(i, s) for i in range(8)
+                                                              for s in range(6)]
+    assert all(x["keep"] == {"ref": x["index"]} for x in rows)
+    import re
+
+    sent = [int(n) for n in re.findall(r"batch half/0 gpu=0 prompts=48 sent=(\d+)",
+                                       worker.log_path.read_text())]
+    assert len(sent) == 1 and sent[0] <= 48 - recorded, sent  # the rest only
+
+
+def test_parquet_kept_columns_keep_their_arrow_types(tmp_path) -> None:
+    """Kept Parquet columns come back in the data set with the input's Arrow types and values
+    (read, staged as JSON, written by the sink's shard writer)."""
+    import datetime as dt
+    import decimal
+
+    from producer.keep import KeepColumns
+    from producer.readers import ReadOptions, read_rows
+    from workers.dataset.jobs import decode_rows, encode_rows
+    from workers.dataset.kept import decode_schema
+    from workers.dataset.sink import ShardWriter
+
+    when = dt.datetime(2026, 5, 1, 12, 30, tzinfo=dt.timezone.utc)
+    table = pa.table({
+        "prompt": ["a", "b"],
+        "score": pa.array([3, None], pa.int32()),
+        "tags": pa.array([["x", "y"], []], pa.list_(pa.string())),
+        "when": pa.array([when, when], pa.timestamp("us", tz="UTC")),
+        "price": pa.array([decimal.Decimal("1.25"), decimal.Decimal("10.00")],
+                          pa.decimal128(10, 2)),
+        "meta": pa.array([{"k": 1}, {"k": 2}], pa.struct([("k", pa.int64())])),
+    })
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src)
+    opts = ReadOptions()
+    opts.keep = KeepColumns(["*"], fleet_columns=opts.columns())
+    staged = decode_rows(encode_rows(list(read_rows(src, opts)), compress=True))
+    types, encoded = opts.keep.record()
+    assert types == {"score": "int32", "tags": "list<element: string>",
+                     "when": "timestamp[us, tz=UTC]", "price": "decimal128(10, 2)",
+                     "meta": "struct<k: int64>"}
+    spec = JobSpec(name="k", total=2, batch_size=2, n_batches=1, input_path="x",
+                   input_fingerprint="f", keep_columns=types, keep_schema=encoded)
+    from workers.dataset.manifest import job_schema
+
+    writer = ShardWriter(tmp_path / "part.parquet", job_schema(spec))
+    results = [{"index": r["index"], "id": r["id"], "prompt": r["prompt"], "status": "ok",
+                "keep": r["keep"]} for r in staged]
+    writer.add(0, results, 100)
+    writer.close()
+    out = pq.read_table(tmp_path / "part.parquet")
+    source = pq.read_schema(src)
+    for name in types:
+        assert out.schema.field(name).type == source.field(name).type, name
+        assert out.column(name).to_pylist() == table.column(name).to_pylist(), name
+    assert decode_schema(encoded).names == list(types)
