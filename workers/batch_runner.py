@@ -171,6 +171,7 @@ class BatchRunner:
             # The engine may be back with another cap (a relaunch with a new profile).
             self.budget = await self._concurrency()
         if crashed:
+            self._warm.clear()  # a restarted engine's cache is empty: prefill again
             log.warning("engine on GPU %d crashed with %d prompts of batch %d in flight",
                         self.env.me.gpu, len(suspects), self.batch)
         return crashed
