@@ -72,6 +72,9 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
      "temperature 0"),
     ([{"prompt": "a", "status": 1}], ["--keep-columns", "status"], "'status' collides"),
     ([{"prompt": "a", "index": 1}], ["--keep-columns", "*"], "'index' collides"),
+    ([{"custom_id": "t", "body": {"messages": [{"role": "user", "content": "x"}],
+                                  "tools": {"type": "function"}}}], [],
+     "'tools' must be a list of tool definitions"),
 ])
 def test_bad_samples_and_kept_columns_get_one_line_and_exit_2(fleet_env, tmp_path, rows,
                                                               args, needle) -> None:
@@ -176,6 +179,8 @@ def test_a_batch_killed_halfway_through_its_samples_stores_each_once(
     res = run_producer(fleet_env, "enqueue", str(src), "--job", "half", "--batch-size", "8",
                        "--samples", "6", "--temperature", "0.9", "--keep-columns", "ref")
     assert res.returncode == 0, res.stderr
+    # Answered samples reach the progress hash at each spill (every 5 s): the batch must run
+    # longer than that for the kill to fall between its samples.
     progress = jobstate.Keys("half").progress(0)
     deadline = time.monotonic() + 60
     while r.hlen(progress) < 12 and time.monotonic() < deadline:

@@ -1,18 +1,17 @@
-"""Tools and structured output (issue 27): the simulator answers and refuses as SGLang does, and
-a job's tool calls and schema-bound answers come back stored."""
+"""Tools and structured output (issue 27): the simulator answers and refuses as SGLang does.
+A job's tool calls and schema-bound answers coming back stored is tests/test_examples.py (the
+tool_use and extraction recipes); a 'tools' that is not a list stopping enqueue is
+tests/test_samples.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import orjson
-import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import run_producer, wait_done
 from tests.simproc import Sim, launch
 
 WEATHER = {"type": "function", "function": {
@@ -100,47 +99,3 @@ def test_schemas_bind_the_answer_on_both_routes(sims) -> None:
         assert res.status_code == 400 and message in res.text, res.text
     assert sim.post("/generate", {"text": "x", "sampling_params": {"regex": "[0-9]+"}}
                     ).status_code == 200
-
-
-def test_tools_and_schemas_through_a_job(fleet_env, make_workers, tmp_path: Path) -> None:
-    """Tool rows on a profile with a tool-call parser, schema rows on both routes: tool calls
-    stored as JSON (null when none), schema answers parse; a 'tools' that is not a list stops
-    enqueue with one line."""
-    rows: list[dict[str, Any]] = []
-    for i in range(4):
-        rows.append({"custom_id": f"t{i}", "body": {
-            "messages": [{"role": "user", "content": f"Weather in city {i}?"}],
-            "tools": [WEATHER], "tool_choice": "required"}})
-        rows.append({"custom_id": f"s{i}", "body": {
-            "messages": [{"role": "user", "content": f"Person {i} as JSON"}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "person", "schema": PERSON}}}})
-        rows.append({"custom_id": f"g{i}", "body": {
-            "prompt": f"Person {i}:", "json_schema": orjson.dumps(PERSON).decode()}})
-    src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(orjson.dumps({"custom_id": "b", "body": {
-        "messages": [{"role": "user", "content": "x"}], "tools": WEATHER}}) + b"\n")
-    res = run_producer(fleet_env, "enqueue", str(bad), "--job", "badtools")
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "'tools' must be a list" in res.stderr
-    env = {**fleet_env, "FLEET_PROFILE": "qwen36-27b-tools"}
-    make_workers([0], FLEET_PROFILE="qwen36-27b-tools")
-    res = run_producer(env, "enqueue", str(src), "--job", "tools", "--max-new-tokens", "400")
-    assert res.returncode == 0, res.stderr
-    wait_done(env, "tools", timeout_s=120)
-    assert run_producer(env, "sink", "--job", "tools", "--local").returncode == 0
-    path = run_producer(env, "dataset-path", "--job", "tools").stdout.strip()
-    data = {r["id"]: r for r in pq.read_table(path).to_pylist()}
-    assert {r["status"] for r in data.values()} == {"ok"}
-    for i in range(4):
-        (call,) = orjson.loads(data[f"t{i}"]["tool_calls"])
-        assert call["function"]["name"] == "get_weather"
-        # A call that ended the answer is finish_reason "tool_calls" (one cut short stays
-        # "length", as OpenAIServingChat leaves it).
-        assert data[f"t{i}"]["finish_reason"] in ("tool_calls", "length")
-        assert data[f"s{i}"]["tool_calls"] is None and data[f"g{i}"]["tool_calls"] is None
-        jsonschema.validate(orjson.loads(data[f"s{i}"]["completion"]), PERSON)
-        jsonschema.validate(orjson.loads(data[f"g{i}"]["completion"]), PERSON)
-    assert "tool_calls" in {data[f"t{i}"]["finish_reason"] for i in range(4)}
