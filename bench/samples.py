@@ -9,8 +9,10 @@ same P prompts, the engine's radix cache flushed (``/flush_cache``) before each:
 
 Measured from the engine, not assumed: its ``sglang:realtime_tokens_total`` counters
 (``mode="prefill_compute"``: prompt tokens the engine computed; ``mode="decode"``: tokens it
-generated) read before and after each job, and each job's wall time from ``enqueue`` until
-``status`` says done. Goals: the samples job's whole-job tokens/s >= 1.0 x the copies job's,
+generated) read before and after each job, the prompts' own tokens as the engine reported them
+(``prompt_tokens`` of each prompt's sample 0), and each job's wall time from ``enqueue`` until
+``status`` says done. ``bench/gpu_check.py --samples-vs-copies P`` runs the same comparison on
+real SGLang engines. Goals: the samples job's whole-job tokens/s >= 1.0 x the copies job's,
 and its prefill tokens computed <= 1.1 x the P prompts' own tokens (the copies job computes up
 to 8 x).
 
@@ -34,7 +36,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.common import PROFILE, ROOT, Goal, _corpus, local_fleet, note, verdict
+from bench.common import PROFILE, ROOT, Fleet, Goal, _corpus, local_fleet, note, verdict
 from bench.engines import parse_counter
 from workers.sim.textgen import count_chat_tokens
 
@@ -58,20 +60,34 @@ def write_prompts(path: Path, n: int, copies: int = 1, seed: int = 3) -> int:
     return tokens
 
 
-def counters(url: str) -> dict[str, float]:
-    """The engine's prefill-computed, prefill-cached and decode token counters."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {mode: parse_counter(text, "sglang:realtime_tokens_total", f'mode="{mode}"')
-            for mode in ("prefill_compute", "prefill_cache", "decode")}
+def counters(urls: list[str]) -> dict[str, float]:
+    """The engines' prefill-computed, prefill-cached and decode token counters, summed."""
+    out = dict.fromkeys(("prefill_compute", "prefill_cache", "decode"), 0.0)
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        for mode in out:
+            out[mode] += parse_counter(text, "sglang:realtime_tokens_total", f'mode="{mode}"')
+    return out
 
 
-def run(fleet, url: str, path: Path, job: str, *extra: str) -> dict[str, float]:
-    """Flush the engine's cache, run one job to its end, return what the engine counted."""
-    assert httpx.post(f"{url}/flush_cache", timeout=10).status_code == 200
-    before = counters(url)
+def own_prompt_tokens(fleet: Fleet, job: str) -> int:
+    """The prompts' own tokens as the engine counted them: ``prompt_tokens`` of each prompt's
+    sample 0 in the stored results."""
+    results = fleet.workdir / "store" / "jobs" / job / "results"
+    return sum(int(row.get("prompt_tokens") or 0) for f in sorted(results.glob("*.jsonl"))
+               for line in f.read_bytes().splitlines()
+               if not (row := orjson.loads(line)).get("sample"))
+
+
+def run(fleet: Fleet, urls: list[str], path: Path, job: str, max_new_tokens: int,
+        *extra: str) -> dict[str, float]:
+    """Flush the engines' caches, run one job to its end, return what the engines counted."""
+    for url in urls:
+        assert httpx.post(f"{url}/flush_cache", timeout=30).status_code == 200
+    before = counters(urls)
     t0 = time.monotonic()
     fleet.producer("enqueue", str(path), "--job", job, "--batch-size", "64",
-                   "--max-new-tokens", "1200", "--temperature", "0.8", *extra)
+                   "--max-new-tokens", str(max_new_tokens), "--temperature", "0.8", *extra)
     while True:
         st = orjson.loads(fleet.producer("status", "--job", job, "--json").stdout)
         if st["done"]:
@@ -79,7 +95,7 @@ def run(fleet, url: str, path: Path, job: str, *extra: str) -> dict[str, float]:
         time.sleep(0.5)
     wall = time.monotonic() - t0
     report = orjson.loads(fleet.producer("verify", "--job", job, "--json").stdout)
-    after = counters(url)
+    after = counters(urls)
     got = {k: after[k] - before[k] for k in after}
     got.update(wall_s=wall, tok_s=got["decode"] / wall, rows=report["rows"],
                verified=float(report["ok"]))
@@ -87,6 +103,38 @@ def run(fleet, url: str, path: Path, job: str, *extra: str) -> dict[str, float]:
          f"prefill computed {got['prefill_compute']:,.0f}, from cache "
          f"{got['prefill_cache']:,.0f}, verify ok: {report['ok']}")
     return got
+
+
+def compare(fleet: Fleet, urls: list[str], prompts: int, samples: int,
+            max_new_tokens: int = 1200) -> dict[str, float]:
+    """Both jobs on the fleet's running engines; the figures the goals are checked on."""
+    work = fleet.workdir
+    write_prompts(work / "samples-prompts.jsonl", prompts)
+    write_prompts(work / "samples-copies.jsonl", prompts, copies=samples)
+    stamp = time.strftime("%H%M%S")
+    one = run(fleet, urls, work / "samples-prompts.jsonl", f"samples-{stamp}", max_new_tokens,
+              "--samples", str(samples))
+    own = own_prompt_tokens(fleet, f"samples-{stamp}")
+    copies = run(fleet, urls, work / "samples-copies.jsonl", f"copies-{stamp}", max_new_tokens)
+    note(f"the {prompts} prompts' own tokens (the engine's prompt_tokens): {own:,}")
+    return {"prompts": prompts, "samples": samples, "own_prompt_tokens": own,
+            "tok_s_ratio": one["tok_s"] / copies["tok_s"],
+            "prefill_ratio_samples": one["prefill_compute"] / own,
+            "prefill_ratio_copies": copies["prefill_compute"] / own,
+            "verified": min(one["verified"], copies["verified"]),
+            "samples_job": one, "copies_job": copies}
+
+
+def goals(got: dict[str, float]) -> list[Goal]:
+    """The issue's goals on the figures of :func:`compare`."""
+    return [
+        Goal("whole-job tokens/s, samples / copies", got["tok_s_ratio"], 1.0, "x"),
+        Goal("prefill computed / prompt tokens (samples)", got["prefill_ratio_samples"],
+             1.1, "x", at_most=True),
+        Goal("prefill computed / prompt tokens (copies; bound, not a goal)",
+             got["prefill_ratio_copies"], float(got["samples"]), "x", at_most=True),
+        Goal("every sample verified exactly once (both jobs)", got["verified"], 1.0),
+    ]
 
 
 def main() -> int:
@@ -101,8 +149,6 @@ def main() -> int:
     with local_fleet("samples", FLEET_SIM_SPEED=args.speed,
                      FLEET_SIM_MEAN_OUTPUT_TOKENS="400") as fleet:
         work = fleet.workdir
-        own = write_prompts(work / "prompts.jsonl", args.prompts)
-        write_prompts(work / "copies.jsonl", args.prompts, copies=args.samples)
         profile = PROFILE
         if args.track_interval:
             text = (ROOT / "config/profiles" / f"{PROFILE}.toml").read_text()
@@ -113,23 +159,10 @@ def main() -> int:
         note(f"profile {profile}")
         fleet.base_env["FLEET_PROFILE"] = profile
         fleet.start_workers(1)
-        url = fleet.engine_url(0)
-        samples = run(fleet, url, work / "prompts.jsonl", "samples", "--samples",
-                      str(args.samples))
-        copies = run(fleet, url, work / "copies.jsonl", "copies")
-    note(f"the {args.prompts} prompts' own tokens: {own:,}")
+        got = compare(fleet, [fleet.engine_url(0)], args.prompts, args.samples)
     track = f", --mamba-track-interval {args.track_interval}" if args.track_interval else ""
     return verdict(f"{args.prompts} prompts x {args.samples} samples vs copied rows "
-                   f"({PROFILE}{track})", [
-        Goal("whole-job tokens/s, samples / copies", samples["tok_s"] / copies["tok_s"],
-             1.0, "x"),
-        Goal("prefill computed / prompt tokens (samples)", samples["prefill_compute"] / own,
-             1.1, "x", at_most=True),
-        Goal("prefill computed / prompt tokens (copies; bound, not a goal)",
-             copies["prefill_compute"] / own, float(args.samples), "x", at_most=True),
-        Goal("every sample verified exactly once (both jobs)",
-             min(samples["verified"], copies["verified"]), 1.0),
-    ])
+                   f"({PROFILE}{track})", goals(got))
 
 
 if __name__ == "__main__":
