@@ -253,9 +253,9 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
 def test_a_job_key_a_chat_request_cannot_carry_is_refused_at_the_first_chat_row(tmp_path):
     src = _jsonl(tmp_path / "in.jsonl", [{"prompt": "p"},
                                          {"messages": [{"role": "user", "content": "x"}]}])
-    opts = ReadOptions(job_params={"json_schema": "{}"})
-    with pytest.raises(InputError, match=r"in\.jsonl:2: sampling key 'json_schema' \(--sampling\) "
-                                         r"has no equivalent in a chat request$"):
+    opts = ReadOptions(job_params={"structural_tag": "{}"})
+    with pytest.raises(InputError, match=r"in\.jsonl:2: sampling key 'structural_tag' "
+                                         r"\(--sampling\) has no equivalent in a chat request$"):
         list(read_rows(src, opts))
     assert list(read_rows(src, ReadOptions(job_params={"top_k": 5})))[1]["messages"]
 

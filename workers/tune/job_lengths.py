@@ -106,8 +106,9 @@ def job_section(r: redis.Redis, node: str | None,
     if spec is not None:
         out["max_new_tokens"] = spec.sampling.max_new_tokens
         out["batch_size"] = spec.batch_size
-        # Each sample is a running request of its own (workers/batch_runner.py).
-        out["samples_per_prompt"] = round(spec.expected_samples / max(spec.total, 1), 4)
+        if spec.expected_samples != spec.total:
+            # Each sample is a running request of its own (workers/batch_runner.py).
+            out["samples_per_prompt"] = round(spec.expected_samples / max(spec.total, 1), 4)
     if counts["completed"] and counts["output_tokens"]:
         out.update(completed=counts["completed"],
                    output_tokens_mean=counts["output_tokens"] / counts["completed"],
