@@ -72,7 +72,7 @@ class ReadOptions:
         """Columns the fleet reads itself (a Parquet reader needs them)."""
         return (self.prompt_column, self.messages_column, self.id_column, "custom_id", "body")
 
-    def count_samples(self, row: dict[str, Any], where: str) -> None:
+    def check_samples(self, row: dict[str, Any]) -> None:
         """SamplingError for a row that asks for N > 1 samples at temperature 0."""
         params = row.get("params") or {}
         n = row_samples(params, self.samples)
@@ -166,7 +166,7 @@ def read_jsonl(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict[s
                     raise InputError(part.name, line_no, f"not valid JSON ({exc})") from exc
                 try:
                     row = normalize(obj, index, f"line {line_no}", opts)
-                    opts.count_samples(row, f"line {line_no}")
+                    opts.check_samples(row)
                     yield row
                 except SamplingError as exc:
                     raise _refused(exc, part.name, line_no) from None
@@ -198,7 +198,7 @@ def read_parquet(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict
                     where = f"row {index - start}"
                     try:
                         row = normalize(obj, index, where, opts)
-                        opts.count_samples(row, where)
+                        opts.check_samples(row)
                         yield row
                     except SamplingError as exc:
                         raise _refused(exc, part.name, None, f"{where}: ") from None

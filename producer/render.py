@@ -41,6 +41,9 @@ def enqueue_summary(console: Console, report: EnqueueReport) -> None:
         f"job {s.name} {verb}: {s.total:,} prompts in {s.n_batches:,} batches of {s.batch_size}; "
         f"enqueued {report.enqueued}, already done {report.already_done}, "
         f"already pending {report.already_pending}", soft_wrap=True)
+    if s.expected_samples != s.total:
+        console.print(f"{s.expected_samples:,} samples in all (one row per prompt and sample)",
+                      soft_wrap=True)
     if report.bad_rows:
         console.print(f"quarantined {len(report.bad_rows)} bad rows (stored with their "
                       f"reason), first: {report.bad_rows[0]}", soft_wrap=True)
