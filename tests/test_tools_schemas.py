@@ -99,3 +99,18 @@ def test_schemas_bind_the_answer_on_both_routes(sims) -> None:
         assert res.status_code == 400 and message in res.text, res.text
     assert sim.post("/generate", {"text": "x", "sampling_params": {"regex": "[0-9]+"}}
                     ).status_code == 200
+
+
+def test_parallel_sampling_prefills_the_prompt_once_as_sglang_does(sims) -> None:
+    """``n`` on one /generate request: the prompt is prefilled first (max_new_tokens = 0) and
+    the n copies find it cached (TokenizerManager._handle_batch_request); copies of a prompt
+    sent together without that step all compute it (one prefill round shares nothing)."""
+    sim = sims[1]
+    prompt = "A long shared question. " * 80
+    res = sim.post("/generate", {"text": prompt, "sampling_params": {"n": 4,
+                                                                      "max_new_tokens": 8}})
+    assert res.status_code == 200 and len(res.json()) == 4
+    assert all(x["meta_info"]["cached_tokens"] > 0 for x in res.json())
+    other = "Another long question, sent as four copies at once. " * 40
+    res = sim.post("/generate", {"text": [other] * 4, "sampling_params": {"max_new_tokens": 8}})
+    assert [x["meta_info"]["cached_tokens"] for x in res.json()] == [0, 0, 0, 0]
