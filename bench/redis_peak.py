@@ -143,9 +143,8 @@ def replay(r: redis.Redis, store: Store, job: str, events: list[_Event],
             chunk = spill_rows(store, job, b, f"tok{b}-{seq:06d}", [x[1] for x in rows])
             seq += 1
             refs = [(index, chunk.encode(), kind, tok) for index, _, kind, tok in rows]
-            record(keys=[keys.progress(b), keys.stats, keys.done, keys.series_n,
-                         keys.series_tok, jobstate.node_stats_key(node), keys.owner(b),
-                         keys.bstats], args=jobstate.record_args(b, node, f"tok{b}", refs))
+            record(keys=jobstate.record_keys(job, b, jobstate.node_stats_key(node)),
+                   args=jobstate.record_args(b, node, f"tok{b}", refs))
         pending.clear()
 
     owned: set[int] = set()

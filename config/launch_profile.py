@@ -7,9 +7,9 @@ flags, so both engines start from the same argv tail.
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
-import tomllib
 from pydantic import BaseModel, Field
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"

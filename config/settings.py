@@ -207,6 +207,9 @@ class Settings(BaseSettings):
     shard_row_group_bytes: int = 64 * 2**20
     # Enqueue fleet.sink_job when a job's last batch is done (see workers/sink_task.py).
     sink_auto: bool = True
+    # GPU workers also consume the sink queue, so the data set is built where no sink worker
+    # runs (one `celery -A workers worker -Q gpu0`); off where a sink worker must take it alone.
+    sink_on_gpu_workers: bool = True
 
     sim: SimSettings = Field(default_factory=SimSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

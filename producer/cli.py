@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 RET_OK, RET_FAILED, RET_INPUT, RET_JOB, RET_CONNECT = 0, 1, 2, 3, 4
+# Columns of stdout when it is not a terminal: tables are drawn at their natural width.
+PIPED_WIDTH = 1000
 
 cli = typer.Typer(
     help="Batch generation on a fleet of GPU workers: enqueue prompts, watch, verify.",
@@ -47,10 +49,14 @@ def err() -> Console:
 
 @functools.cache
 def out() -> Console:
-    """The console on stdout (tables)."""
+    """The console on stdout (tables). Piped or redirected, it is as wide as its tables need
+    (rich would cut them at 80 columns) unless COLUMNS says otherwise."""
+    import os
+
     from rich.console import Console
 
-    return Console(highlight=False)
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(highlight=False, width=PIPED_WIDTH if wide else None)
 
 
 def friendly_errors(fn: F) -> F:
@@ -80,6 +86,13 @@ def friendly_errors(fn: F) -> F:
 def _open(settings: Settings) -> tuple[Store, redis.Redis]:
     return (open_store(settings.store_url, settings.s3),
             redis.Redis.from_url(settings.redis_url.get_secret_value()))
+
+
+def _job_settings(job: str) -> Settings:
+    """The settings, with the store the job was enqueued into (producer/job_store.py)."""
+    from producer.job_store import for_job
+
+    return for_job(load_settings(), job)
 
 
 @cli.command()
@@ -193,7 +206,7 @@ def status(
     from producer.status import job_status
     from workers.dataset.location import locate
 
-    settings = load_settings()
+    settings = _job_settings(job)
     store, r = _open(settings)
     spec = load_spec(store, job)
     where = locate(settings.store_url, settings.s3.endpoint_url)
@@ -218,7 +231,7 @@ def verify(
     """Check from the result store alone that every prompt is there exactly once."""
     from producer.verify import verify_job
 
-    settings = load_settings()
+    settings = _job_settings(job)
     store = open_store(settings.store_url, settings.s3)
     report = verify_job(store, load_spec(store, job))
     if as_json:
@@ -244,7 +257,7 @@ def requeue_failed_cmd(
     from producer.requeue import requeue_failed
     from workers import app
 
-    settings = load_settings()
+    settings = _job_settings(job)
     store, r = _open(settings)
     report = requeue_failed(store, r, app, load_spec(store, job), truncated, max_new_tokens)
     kind = "truncated" if truncated else "failed"
@@ -263,7 +276,7 @@ def sink(
     """Aggregate results into Parquet shards + manifest.json (+ _SUCCESS when verify passes)."""
     from producer.sinkcmd import run_sink
 
-    settings = load_settings()
+    settings = _job_settings(job)
     summary = run_sink(settings, job, wait, local, timeout_s)
     if summary is None:
         err().print(f"sink of job {job} enqueued on queue 'sink'")
@@ -288,7 +301,7 @@ def dataset_path_cmd(
     """Print the folder (or s3:// URL) of the job's committed data set: read it through this."""
     from producer.sinkcmd import dataset_path
 
-    sys.stdout.write(dataset_path(load_settings(), job, allow_incomplete) + "\n")
+    sys.stdout.write(dataset_path(_job_settings(job), job, allow_incomplete) + "\n")
 
 
 @cli.command()
@@ -301,8 +314,10 @@ def export(
     """Write a job's aggregated data set to one file (Parquet, JSONL or OpenAI-batch output)."""
     from producer.export import export as export_job
 
-    settings = load_settings()
-    done = export_job(open_store(settings.store_url, settings.s3), job, fmt, out_path)
+    settings = _job_settings(job)
+    store = open_store(settings.store_url, settings.s3)
+    load_spec(store, job)  # "no job ...", not "no data set yet", for a job that is not there
+    done = export_job(store, job, fmt, out_path)
     err().print(f"wrote {done['rows']:,} rows of job {job} to {out_path} ({fmt})"
                 + ("" if done["complete"] else "; the data set is NOT complete"), soft_wrap=True)
 
@@ -327,7 +342,7 @@ def resume(job: str = typer.Option(..., "--job", help="Job name")) -> None:
     from producer.control import resume_job
     from workers import app
 
-    settings = load_settings()
+    settings = _job_settings(job)
     store, r = _open(settings)
     report = resume_job(store, r, app, load_spec(store, job))
     err().print(f"job {job} resumed: enqueued {report.enqueued}, already done "
@@ -350,7 +365,7 @@ def cancel(job: str = typer.Option(..., "--job", help="Job name")) -> None:
 @friendly_errors
 def jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List the jobs Redis knows, with state and progress."""
-    from producer.control import list_jobs
+    from workers.delivery.job_progress import list_jobs
 
     settings = load_settings()
     _, r = _open(settings)
@@ -373,7 +388,7 @@ def report(
     """Write a report with plots: tokens/s per GPU, progress vs ETA, latency, finish reasons."""
     from producer.report import build_report
 
-    settings = load_settings()
+    settings = _job_settings(job)
     store, r = _open(settings)
     summary = build_report(r, store, load_spec(store, job), out_dir)
     if as_json:

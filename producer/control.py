@@ -1,16 +1,15 @@
-"""Job control: pause, resume, cancel and list jobs.
+"""Job control: pause, resume and cancel jobs.
 
 A job's state lives in its Redis hash (``fleet:job:{j}`` field ``state``): ``running``,
-``paused`` or ``cancelled``. Pausing or cancelling removes the job's queued batches from the
-queues; a batch that slips through (a lease that lapses later) is dropped by the task when it
-sees the state. Paused: running batches finish; ``resume`` re-enqueues every batch that is not
-stored and has no message and no live run (the same reconcile as ``enqueue``). Cancelled:
-running batches stop within about a second; what was already stored stays in the store.
+``paused`` or ``cancelled``; ``done`` is derived (workers/delivery/job_progress.py). Pausing
+or cancelling removes the job's queued batches from the queues; a batch that slips through (a
+lease that lapses later) is dropped by the task when it sees the state. Paused: running
+batches finish; ``resume`` re-enqueues every batch that is not stored and has no message and
+no live run (the same reconcile as ``enqueue``). Cancelled: running batches stop within about
+a second; what was already stored stays in the store.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import redis
 from celery import Celery
@@ -45,22 +44,3 @@ def resume_job(store: Store, r: redis.Redis, app: Celery, spec: JobSpec) -> Enqu
     report = EnqueueReport(spec=spec, created=False)
     reconcile(store, r, app, spec, report)
     return report
-
-
-def list_jobs(r: redis.Redis) -> list[dict[str, Any]]:
-    """Every job Redis knows, with its state and progress."""
-    out = []
-    for name in sorted(n.decode() for n in r.smembers(jobstate.JOBS_KEY)):
-        keys = jobstate.Keys(name)
-        spec_raw, state = r.hmget(keys.job, ["spec", "state"])
-        spec = JobSpec.model_validate_json(spec_raw) if spec_raw else None
-        c = jobstate.counters(r, name)
-        total = spec.expected_samples if spec else 0  # the counters count samples
-        out.append({"job": name, "state": (state or b"running").decode(), "total": total,
-                    "completed": c["completed"], "failed": c["failed"],
-                    "done_batches": r.scard(keys.done),
-                    "n_batches": spec.n_batches if spec else 0,
-                    "quarantined": c["quarantined"],
-                    "progress": round((c["completed"] + c["failed"] + c["quarantined"]) / total, 4)
-                    if total else 0})
-    return out

@@ -3,8 +3,10 @@
 Uses the Redis at FLEET_REDIS_URL when one answers, otherwise starts Debian's ``redis-server``
 on a free port; starts two workers (``celery -A workers worker -Q gpu0`` / ``gpu1``) whose
 engines are the SGLang simulator, and Flower with the shipped config; enqueues a few hundred
-prompts; shows the live status; runs ``verify``; writes the report with plots; prints where the
-results are; stops everything it started.
+prompts; shows the live status; runs ``verify``; waits for the data set the workers build when
+the job ends (the README's path: no sink worker, no manual step); writes the report with plots;
+prints where the results are. On a terminal, Flower and the workers stay up until Enter is
+pressed; otherwise the demo stops everything it started at once and says so.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from producer.localfleet import (
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = ROOT / ".demo"
 N_PROMPTS = 300
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def _redis(url: str) -> tuple[str, RedisServer | None]:
@@ -80,7 +82,7 @@ def main() -> int:
     """Run the demo; returns the exit code of ``verify``."""
     settings = load_settings()
     url, server = _redis(settings.redis_url.get_secret_value())
-    env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_ENGINE": "sim", "FLEET_SINK_AUTO": "false",
+    env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_ENGINE": "sim",
            "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),
            "FLEET_METRICS_BASE_PORT": str(free_port_block(8)),
            "FLEET_SIM_SPEED": os.environ.get("FLEET_SIM_SPEED", "5"),
@@ -106,13 +108,16 @@ def main() -> int:
                   "--max-new-tokens", "2048")
         _producer(env, "status", "--job", job, "--watch", "--interval", "1")
         code = _producer(env, "verify", "--job", job)
-        # Aggregate into the Parquet data set (here in-process; a fleet runs a sink worker).
-        code = code or _producer(env, "sink", "--job", job, "--local")
+        # The workers built the data set when the job ended (they consume the sink queue).
+        dataset = _wait_dataset(redis.Redis.from_url(url), job, timeout_s=120)
+        console.print(f"data set of job {job}: {dataset or 'not built within 120 s'}")
+        code = code or (0 if dataset and dataset.startswith("committed") else 1)
+        code = code or _producer(env, "dataset-path", "--job", job)
         _producer(env, "report", "--job", job, "--out", str(DEMO_DIR / "report"))
         store = env.get("FLEET_STORE_URL", settings.store_url)
-        console.print(f"data set: python -m producer dataset-path --job {job} (manifest.json "
-                      f"names it); per-batch results under {store}/jobs/{job}/results/")
-        console.print(f"logs: {DEMO_DIR / 'logs'}")
+        console.print(f"per-batch results under {store}/jobs/{job}/results/; report in "
+                      f"{DEMO_DIR / 'report'}; logs in {DEMO_DIR / 'logs'}")
+        _hold(f"http://127.0.0.1:{flower_port}")
         return code
     finally:
         stop_process(flower, grace_s=5)
@@ -120,7 +125,34 @@ def main() -> int:
             w.stop(grace_s=20)
         if server:
             server.stop()
-        console.print("stopped every process the demo started")
+        console.print("stopped every process the demo started (Flower, the workers"
+                      + (", redis-server)" if server else ")"))
+
+
+def _wait_dataset(r: redis.Redis, job: str, timeout_s: float) -> str | None:
+    """The job's data-set state once it is committed (None if not within ``timeout_s``)."""
+    from workers.delivery.job_progress import dataset_state
+    from workers.delivery.jobstate import Keys
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state, _ = dataset_state(r.hgetall(Keys(job).sink))
+        if state and state != "building":
+            return state
+        time.sleep(0.5)
+    return None
+
+
+def _hold(flower_url: str) -> None:
+    """On a terminal, keep Flower and the workers up until Enter (or Ctrl-C)."""
+    if not sys.stdin.isatty():
+        return
+    console.print(f"Flower stays up at {flower_url} with the workers: press Enter (or Ctrl-C) "
+                  "to stop them", style="bold")
+    try:
+        input()
+    except (EOFError, KeyboardInterrupt):
+        pass
 
 
 if __name__ == "__main__":

@@ -322,7 +322,7 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, j
         spec = spec.model_copy(update={"input_sha256": report.batch_sha256})
         save_spec(store, spec)
     report.spec = spec
-    jobstate.register_job(r, job, spec.model_dump_json())
+    jobstate.register_job(r, job, spec.model_dump_json(), store.url)
     if before_reconcile:  # result reuse (producer/reuse.py) fills batches here
         before_reconcile(spec)
     reconcile(store, r, app, spec, report)

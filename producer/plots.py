@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-
-from workers.delivery.jobstate import SERIES_BUCKET_S
 
 SIZE_IN = (8.0, 4.0)
 DPI = 110
@@ -33,54 +30,84 @@ def _no_data(ax: Axes, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes)
 
 
-def _minutes(buckets: list[int], t0: float) -> list[float]:
-    """Bucket midpoints as minutes since ``t0``."""
-    return [(b + SERIES_BUCKET_S / 2 - t0) / 60 for b in buckets]
+# Bucket widths the time plots choose from: the smallest that keeps a job within MAX_BUCKETS.
+BUCKET_LADDER_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400)
+MAX_BUCKETS = 60
 
 
-def throughput(node_tokens: dict[str, dict[int, int]], path: Path) -> Path:
-    """Output tokens/s over time, one line per GPU worker and one for the total."""
-    fig, ax = _figure("output tokens/s per GPU (10-s buckets)")
+def bucket_width_s(span_s: float) -> int:
+    """The bucket width for a job that ran ``span_s`` seconds: about 60 points over its
+    length (a 7-s demo gets 1-s buckets, a 30-h job 30-min ones)."""
+    for width in BUCKET_LADDER_S:
+        if span_s / width <= MAX_BUCKETS:
+            return width
+    return BUCKET_LADDER_S[-1]
+
+
+def _axis(span_s: float) -> tuple[float, str]:
+    """Divisor and unit of the time axis: seconds for a short job, minutes, then hours."""
+    if span_s < 180:
+        return 1.0, "seconds"
+    if span_s < 3 * 3600:
+        return 60.0, "minutes"
+    return 3600.0, "hours"
+
+
+def _width_label(width: int) -> str:
+    return f"{width}-s" if width < 60 else f"{width // 60}-min"
+
+
+def throughput(node_tokens: dict[str, dict[int, int]], width: int, path: Path) -> Path:
+    """Output tokens/s over time, one line per GPU worker and one for the total;
+    ``node_tokens`` maps node -> bucket start (s since the first result) -> tokens."""
+    fig, ax = _figure(f"output tokens/s per GPU ({_width_label(width)} buckets)")
     buckets = sorted({b for series in node_tokens.values() for b in series})
     if not buckets:
         _no_data(ax, "throughput")
         return _save(fig, path)
-    t0 = buckets[0]
+    every = list(range(0, buckets[-1] + width, width))
+    div, unit = _axis(every[-1] + width)
+    xs = [(b + width / 2) / div for b in every]
+    style = {"marker": "o", "markersize": 3} if len(every) < 3 else {}
     for node in sorted(node_tokens):
         series = node_tokens[node]
-        ax.plot(_minutes(buckets, t0), [series.get(b, 0) / SERIES_BUCKET_S for b in buckets],
-                label=node, linewidth=1.2)
-    total = [sum(s.get(b, 0) for s in node_tokens.values()) / SERIES_BUCKET_S for b in buckets]
-    ax.plot(_minutes(buckets, t0), total, label="total", color="black", linestyle="--")
-    ax.set_xlabel("minutes since the first result")
+        ax.plot(xs, [series.get(b, 0) / width for b in every], label=node, linewidth=1.2,
+                **style)
+    total = [sum(s.get(b, 0) for s in node_tokens.values()) / width for b in every]
+    ax.plot(xs, total, label="total", color="black", linestyle="--", **style)
+    ax.set_xlabel(f"{unit} since the first result")
     ax.set_ylabel("output tokens/s")
+    ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend(loc="best", fontsize="small")
     return _save(fig, path)
 
 
-def progress(rows: dict[int, int], status: dict[str, Any], path: Path) -> Path:
-    """Prompts finished over time against the total, with the projection to the ETA."""
+def progress(rows: dict[int, int], width: int, status: dict[str, Any], path: Path) -> Path:
+    """Prompts finished over time against the total, with the projection to the ETA;
+    ``rows`` maps bucket start (s since the first result) -> prompts finished in it."""
     fig, ax = _figure(f"progress of job {status['job']}")
-    buckets = sorted(rows)
-    if not buckets:
+    if not rows:
         _no_data(ax, "progress")
         return _save(fig, path)
-    t0 = buckets[0]
-    done, cumulative = 0, []
-    for b in buckets:
-        done += rows[b]
+    ends = list(range(width, max(rows) + 2 * width, width))
+    cumulative, done = [], 0
+    for end in ends:
+        done += rows.get(end - width, 0)
         cumulative.append(done)
-    ends = [0.0] + [(b + SERIES_BUCKET_S - t0) / 60 for b in buckets]
-    ax.plot(ends, [0, *cumulative], label="finished prompts")
-    ax.axhline(status["total"], color="grey", linestyle=":", label=f"total {status['total']:,}")
     eta_h = status.get("eta_hours")
-    if not status["done"] and eta_h:
-        now_min = (time.time() - t0) / 60
-        ax.plot([now_min, now_min + eta_h * 60], [cumulative[-1], status["total"]],
+    projecting = not status["done"] and eta_h
+    last = ends[-1] + (eta_h * 3600 if projecting else 0)
+    div, unit = _axis(last)
+    ax.plot([0.0] + [e / div for e in ends], [0, *cumulative], marker=".",
+            label="finished prompts")
+    ax.axhline(status["total"], color="grey", linestyle=":", label=f"total {status['total']:,}")
+    if projecting:
+        ax.plot([ends[-1] / div, last / div], [cumulative[-1], status["total"]],
                 linestyle="--", color="tab:orange", label=f"ETA in {eta_h * 60:.1f} min")
-    ax.set_xlabel("minutes since the first result")
+    ax.set_xlabel(f"{unit} since the first result")
     ax.set_ylabel("prompts")
+    ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower right", fontsize="small")
     return _save(fig, path)

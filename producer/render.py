@@ -73,7 +73,7 @@ def status_table(st: dict[str, Any]) -> Group:
                      f"{w['tokens_per_sec']:,.0f}",
                      f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
                      str(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
-    tot = Table(title=f"job {st['job']}", show_header=False)
+    tot = Table(title=f"job {st['job']}: {st['state']}", show_header=False)
     tot.add_column("k")
     tot.add_column("v")
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
@@ -92,6 +92,7 @@ def status_table(st: dict[str, Any]) -> Group:
         ("output tokens/s", f"{st['tokens_per_sec']:,.0f}"),
         ("ETA", "done" if st["done"] else _fmt_eta(st["eta_hours"])),
         ("elapsed", f"{st['elapsed_s']:.0f} s"),
+        ("data set", st.get("dataset") or "not built"),
     ):
         tot.add_row(k, v)
     return Group(gpus, tot)
@@ -121,6 +122,15 @@ def watch(console: Console, fetch: Callable[[], dict[str, Any]], interval_s: flo
             if st["done"]:
                 return
             time.sleep(interval_s)
+    if not console.is_terminal:
+        # Piped: one progress line per tick, then the whole view once, ending with a newline.
+        while True:
+            st = fetch()
+            if st["done"]:
+                console.print(status_table(st))
+                return
+            console.print(progress_line(st), soft_wrap=True)
+            time.sleep(interval_s)
     with Live(console=console, auto_refresh=False) as live:
         while True:
             st = fetch()
@@ -130,13 +140,20 @@ def watch(console: Console, fetch: Callable[[], dict[str, Any]], interval_s: flo
             time.sleep(interval_s)
 
 
+def progress_line(st: dict[str, Any]) -> str:
+    """The job's progress in one line (``status --watch`` on a pipe)."""
+    finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
+    return (f"job {st['job']}: {st['state']}, {finished:,}/{st['total']:,} prompts, "
+            f"{st['tokens_per_sec']:,.0f} tok/s, ETA {_fmt_eta(st['eta_hours'])}")
+
+
 def jobs_table(rows: list[dict[str, Any]]) -> Table:
     """The job list as a table."""
     table = Table(title="jobs")
-    for col in ("job", "state", "progress", "completed", "failed", "batches"):
+    for col in ("job", "state", "progress", "completed", "failed", "batches", "data set"):
         table.add_column(col)
     for j in rows:
         table.add_row(j["job"], j["state"], f"{100 * j['progress']:.1f} %",
                       f"{j['completed']:,}/{j['total']:,}", f"{j['failed']:,}",
-                      f"{j['done_batches']}/{j['n_batches']}")
+                      f"{j['done_batches']}/{j['n_batches']}", j.get("dataset") or "-")
     return table

@@ -2,11 +2,12 @@
 
 What it reads, all recorded by the fleet during the run:
 
-- the job's 10-s time series in Redis (``fleet:job:{j}:series:n`` / ``:tok``, one field per
-  bucket and one per bucket and GPU, bumped with every recorded row): throughput per GPU and
-  progress over time;
-- the live counters and ETA (:func:`producer.status.job_status`);
-- the stored results (latency, output length and finish reason of every prompt).
+- the stored results: latency, output length, finish reason and the time (``finished_at``) of
+  every prompt, so throughput per GPU and progress are drawn in buckets sized by the job's
+  length (about 60 points, from 1 s for a demo to hours for a long job);
+- for rows stored without a time, the job's 10-s time series in Redis
+  (``fleet:job:{j}:series:n`` / ``:tok``, one field per bucket and GPU);
+- the live counters, rates and ETA (:func:`producer.status.job_status`).
 
 It writes ``report.md``, ``summary.json`` and ``throughput.png``, ``progress.png``,
 ``latency.png``, ``output_length.png``, ``finish_reasons.png`` into DIR.
@@ -14,7 +15,6 @@ It writes ``report.md``, ``summary.json`` and ``throughput.png``, ``progress.png
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,41 +35,57 @@ PERCENTILES = (50, 90, 99)
 
 
 @dataclass
-class Series:
-    """Rows and output tokens per 10-s bucket, in total and per worker node."""
+class Timeline:
+    """Prompts and output tokens over time, in buckets of ``width`` seconds counted from the
+    first result (in total and per worker node)."""
 
+    width: int
+    span_s: float = 0.0
     rows: dict[int, int] = field(default_factory=dict)
-    tokens: dict[int, int] = field(default_factory=dict)
     node_rows: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     node_tokens: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
-    started_at: float = 0.0
 
-    def span_s(self, now: float) -> float:
-        """Seconds of generation: first to last bucket, within the job's start and now."""
-        if not self.rows:
-            return 0.0
-        start = max(min(self.rows), self.started_at)
-        end = min(max(self.rows) + jobstate.SERIES_BUCKET_S, now)
-        return max(end - start, 1.0)
+    def add(self, offset_s: float, node: str, rows: int, tokens: int) -> None:
+        """Count ``rows`` prompts and ``tokens`` output tokens at ``offset_s``."""
+        b = int(offset_s // self.width) * self.width
+        self.rows[b] = self.rows.get(b, 0) + rows
+        per_node = self.node_rows[node]
+        per_node[b] = per_node.get(b, 0) + rows
+        toks = self.node_tokens[node]
+        toks[b] = toks.get(b, 0) + tokens
 
 
-def _split(raw: dict[bytes, bytes], total: dict[int, int],
-           per_node: dict[str, dict[int, int]]) -> None:
-    for key, value in raw.items():
+def timeline_from_rows(events: list[tuple[float, str, int]]) -> Timeline | None:
+    """The timeline of stored rows' ``finished_at`` (None when no row has one): buckets sized
+    by the job's length (producer/plots.py, ``bucket_width_s``)."""
+    if not events:
+        return None
+    t0 = min(t for t, _, _ in events)
+    span = max(max(t for t, _, _ in events) - t0, 1.0)
+    line = Timeline(width=plots.bucket_width_s(span), span_s=span)
+    for t, node, tokens in events:
+        line.add(t - t0, node, 1, tokens)
+    return line
+
+
+def timeline_from_series(r: redis.Redis, job: str) -> Timeline:
+    """The timeline of the job's 10-s series in Redis, for rows stored without
+    ``finished_at`` (empty if Redis no longer has the series)."""
+    keys = jobstate.Keys(job)
+    width = jobstate.SERIES_BUCKET_S
+    raw_n, raw_tok = r.hgetall(keys.series_n), r.hgetall(keys.series_tok)
+    starts = [int(k.decode().partition("|")[0]) for k in raw_n]
+    line = Timeline(width=width)
+    if not starts:
+        return line
+    t0 = min(starts)
+    line.span_s = float(max(starts) + width - t0)
+    for key, value in raw_n.items():
         bucket, _, node = key.decode().partition("|")
         if node:
-            per_node[node][int(bucket)] = int(value)
-        else:
-            total[int(bucket)] = int(value)
-
-
-def read_series(r: redis.Redis, job: str) -> Series:
-    """The job's time series from Redis (empty if Redis no longer has it)."""
-    keys = jobstate.Keys(job)
-    series = Series(started_at=float(r.hget(keys.job, "started_at") or 0))
-    _split(r.hgetall(keys.series_n), series.rows, series.node_rows)
-    _split(r.hgetall(keys.series_tok), series.tokens, series.node_tokens)
-    return series
+            tokens = int(raw_tok.get(key, 0))
+            line.add(int(bucket) - t0, node, int(value), tokens)
+    return line
 
 
 @dataclass
@@ -79,9 +95,14 @@ class RowStats:
     latency_s: list[float] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)
     finish: Counter[str] = field(default_factory=Counter)
+    # (finished_at, node, output tokens) of each row that has its time.
+    events: list[tuple[float, str, int]] = field(default_factory=list)
 
     def add(self, row: dict[str, Any]) -> None:
         """Count one stored row."""
+        if row.get("finished_at") is not None:
+            self.events.append((float(row["finished_at"]), str(row.get("node") or "?"),
+                                int(row.get("completion_tokens") or 0)))
         kind = row_bucket(row)
         if kind in ("failed", "quarantined"):
             self.finish[kind] += 1
@@ -110,27 +131,30 @@ def _percentiles(values: list[float] | list[int]) -> dict[str, float]:
     return {**out, "mean": round(float(arr.mean()), 3), "max": round(float(arr.max()), 3)}
 
 
-def _per_gpu(series: Series) -> list[dict[str, Any]]:
+def _per_gpu(line: Timeline) -> list[dict[str, Any]]:
     out = []
-    for node in sorted(series.node_tokens):
-        tokens = series.node_tokens[node]
-        busy_s = len(tokens) * jobstate.SERIES_BUCKET_S
-        out.append({"node": node, "prompts": sum(series.node_rows.get(node, {}).values()),
+    for node in sorted(line.node_tokens):
+        tokens = line.node_tokens[node]
+        busy_s = sum(1 for v in line.node_rows[node].values() if v) * line.width
+        out.append({"node": node, "prompts": sum(line.node_rows[node].values()),
                     "output_tokens": sum(tokens.values()),
                     "busy_tokens_per_sec": round(sum(tokens.values()) / max(busy_s, 1), 1)})
     return out
 
 
-def summarize(status: dict[str, Any], series: Series, rows: RowStats) -> dict[str, Any]:
-    """The numbers of the report (also written as summary.json)."""
-    span = series.span_s(time.time())
-    keep = ("job", "total", "completed", "failed", "quarantined", "truncated", "output_tokens",
-            "done", "eta_hours", "rate_per_sec", "tokens_per_sec")
+def summarize(status: dict[str, Any], line: Timeline, rows: RowStats) -> dict[str, Any]:
+    """The numbers of the report (also written as summary.json). The rates are the status's:
+    over the job's active span once it is done (producer/status.py)."""
+    keep = ("job", "state", "total", "completed", "failed", "quarantined", "truncated",
+            "output_tokens", "done", "eta_hours", "rate_per_sec", "tokens_per_sec",
+            "elapsed_s", "active_s", "dataset")
+    span = line.span_s
     return {
         **{k: status.get(k) for k in keep},
         "generation_s": round(span, 1),
         "mean_tokens_per_sec": round(status["output_tokens"] / span, 1) if span else None,
-        "gpus": _per_gpu(series),
+        "bucket_s": line.width,
+        "gpus": _per_gpu(line),
         "latency_s": _percentiles(rows.latency_s),
         "output_length_tokens": _percentiles(rows.output_tokens),
         "finish_reasons": dict(rows.finish.most_common()),
@@ -151,6 +175,10 @@ def _dist_rows(summary: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 180 else f"{seconds / 60:.1f} min"
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The report as Markdown, linking the PNGs next to it."""
     s = summary
@@ -160,7 +188,7 @@ def markdown(summary: dict[str, Any]) -> str:
                      "output tokens", "generation", "mean tok/s", "ETA"],
                     [[f"{s['total']:,}", f"{s['completed']:,}",
                       f"{s['failed']:,} ({s['quarantined']:,})", f"{s['truncated']:,}",
-                      f"{s['output_tokens']:,}", f"{s['generation_s'] / 60:.1f} min",
+                      f"{s['output_tokens']:,}", _duration(s["generation_s"]),
                       s["mean_tokens_per_sec"], eta]])
     lines += ["", "## Throughput per GPU", "", "![tokens/s per GPU](throughput.png)", ""]
     lines += _table(["node", "prompts", "output tokens", "tok/s while busy"],
@@ -180,12 +208,12 @@ def build_report(r: redis.Redis, store: Store, spec: JobSpec, out: Path) -> dict
     """Write report.md, summary.json and the PNG plots into ``out``; return the summary."""
     out.mkdir(parents=True, exist_ok=True)
     status = job_status(r, spec)
-    series = read_series(r, spec.name)
     rows = read_rows(store, spec)
-    summary = summarize(status, series, rows)
+    line = timeline_from_rows(rows.events) or timeline_from_series(r, spec.name)
+    summary = summarize(status, line, rows)
     files = [
-        plots.throughput(series.node_tokens, out / "throughput.png"),
-        plots.progress(series.rows, status, out / "progress.png"),
+        plots.throughput(line.node_tokens, line.width, out / "throughput.png"),
+        plots.progress(line.rows, line.width, status, out / "progress.png"),
         plots.histogram(rows.latency_s, "latency (s)", out / "latency.png"),
         plots.histogram(rows.output_tokens, "output length (tokens)", out / "output_length.png"),
         plots.bars(rows.finish, "finish reason", out / "finish_reasons.png"),

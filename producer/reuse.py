@@ -163,7 +163,7 @@ def _prefill(store: Store, r: redis.Redis, job: str, batch: int,
         (unit_key(*row_unit(x)), chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
     r.register_script(jobstate.RECORD_ROWS)(
         keys=[keys.progress(batch), keys.stats, keys.done, *scratch, keys.owner(batch),
-              keys.bstats], args=args)
+              keys.bstats, keys.job], args=args)
     r.delete(*scratch)
     r.eval(ownership.RELEASE, 1, keys.owner(batch), token)
 

@@ -43,5 +43,8 @@ def dataset_path(settings: Settings, job: str, allow_incomplete: bool = False) -
     """Path (local store) or URL (S3) of the committed version of ``job``'s data set: a folder
     that holds exactly that version's shards (JobError if there is none, or it is incomplete
     and ``allow_incomplete`` is not set)."""
+    from workers.dataset.jobs import load_spec
+
     store = open_store(settings.store_url, settings.s3)
+    load_spec(store, job)  # "no job ..." for a job that is not there
     return location(store.url, committed_prefix(store, job, allow_incomplete))

@@ -10,7 +10,7 @@ import redis
 
 from workers.dataset.jobs import JobSpec
 from workers.dataset.location import StoreLocation
-from workers.delivery import jobstate
+from workers.delivery import job_progress, jobstate
 from workers.delivery.ownership import live_holders
 from workers.heartbeat import read_heartbeats
 
@@ -43,21 +43,22 @@ def _prompts_done(r: redis.Redis, spec: JobSpec, keys: jobstate.Keys) -> int:
 def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
                ) -> dict[str, Any]:
     """One JSON-able object with the job's progress (keys are a contract for scripts);
-    ``store`` says where the data lives (``where``: "node" or "off-node")."""
+    ``store`` says where the data lives (``where``: "node" or "off-node").
+
+    While the job runs, the rates are those of the last minute; once it is done they cover
+    its active span (first batch taken to last row) and ``elapsed_s`` stops at the last row."""
     keys = jobstate.Keys(spec.name)
-    pipe = r.pipeline()
-    pipe.hmget(keys.job, ["started_at", "state"])
-    pipe.scard(keys.done)
-    (started_raw, state), done_batches = pipe.execute()
+    p = job_progress.read(r, spec)
+    c, done = p["counters"], p["done"]
     running = len(live_holders(r, spec.name))
-    c = jobstate.counters(r, spec.name)
-    started_at = float(started_raw or time.time())
-    rate, tok_rate = _rates(r, keys, started_at)
-    finished = c["completed"] + c["failed"] + c["quarantined"]
+    if done:
+        span = max(p["active_s"] or p["elapsed_s"], 1e-3)
+        rate, tok_rate = p["finished"] / span, c["output_tokens"] / span
+    else:
+        rate, tok_rate = _rates(r, keys, p["started_at"])
     # Counters count (prompt, sample) rows: with N samples per prompt, the total is every sample.
-    total = spec.expected_samples
+    total, finished = spec.expected_samples, p["finished"]
     remaining = max(total - finished, 0)
-    done = done_batches >= spec.n_batches and finished >= total
     eta_h = 0.0 if done else (remaining / rate / 3600 if rate > 0 else None)
     return {
         "job": spec.name, "total": total, "completed": c["completed"],
@@ -67,15 +68,16 @@ def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
         "prompts_done": _prompts_done(r, spec, keys) if not done else spec.total,
         "failed": c["failed"], "truncated": c["truncated"],
         "quarantined": c["quarantined"], "remaining": remaining,
-        "state": (state or b"running").decode(),
+        "state": p["state"],
         # Held by a live run; the rest of the unfinished batches wait (queued, or paused).
         "in_flight_batches": running,
-        "queued_batches": max(spec.n_batches - done_batches - running, 0),
-        "done_batches": done_batches, "n_batches": spec.n_batches,
+        "queued_batches": max(spec.n_batches - p["done_batches"] - running, 0),
+        "done_batches": p["done_batches"], "n_batches": spec.n_batches,
         "output_tokens": c["output_tokens"],
         "rate_per_sec": round(rate, 3), "tokens_per_sec": round(tok_rate, 1),
         "eta_hours": None if eta_h is None else round(eta_h, 4),
-        "elapsed_s": round(time.time() - started_at, 1), "done": done,
+        "elapsed_s": p["elapsed_s"], "active_s": p["active_s"], "done": done,
+        "dataset": p["dataset"], "dataset_version": p["dataset_version"],
         "workers": read_heartbeats(r),
         "store": where.to_json() if where else None,
     }

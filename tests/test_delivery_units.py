@@ -42,9 +42,7 @@ def _row(job: str, batch: int, index: int, status: str = "ok") -> dict:
 
 
 def _record(r: redis.Redis, job: str, batch: int, token: str, rows: list[dict]) -> int:
-    k = jobstate.Keys(job)
-    keys = [k.progress(batch), k.stats, k.done, k.series_n, k.series_tok,
-            jobstate.node_stats_key("n"), k.owner(batch), k.bstats]
+    keys = jobstate.record_keys(job, batch, jobstate.node_stats_key("n"))
     args = jobstate.record_args(batch, "n", token, [
         (x["index"], orjson.dumps(x), "ok" if x["status"] == "ok" else "failed",
          x["completion_tokens"]) for x in rows])

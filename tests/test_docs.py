@@ -189,3 +189,50 @@ def test_the_citation_pattern_catches_what_it_must() -> None:
     for good in ("docs/workload.md", "[capacity](capacity.md)", "[sglang.md](sglang.md)",
                  "[§6](#6-failure-modes-and-recovery)"):
         assert not FOREIGN.search(good), good
+
+
+# A statement of the supported SGLang range: on a line that says "support" (or what `.[gpu]`
+# installs / pins), two releases joined as a range ("A to B", "A or B", ...), or the pip floor.
+RELEASE = r"0\.\d+\.\d+(?:\.post\d+)?"
+RANGE_LINE = re.compile(r"support|pins that range|adds sglang|allows", re.I)
+RANGE = re.compile(rf"({RELEASE})`?\s+(?:to|through|or|and|-)\s+`?({RELEASE})")
+PIP_FLOOR = re.compile(rf"sglang>=({RELEASE})")
+
+
+def _range_statements(text: str) -> list[tuple[str, str, str]]:
+    """(line, first, last) of each range statement; the pip floor's last is ``*``."""
+    out = []
+    for line in text.splitlines():
+        out += [(line.strip(), floor, "*") for floor in PIP_FLOOR.findall(line)]
+        if RANGE_LINE.search(line):
+            out += [(line.strip(), a, b) for a, b in RANGE.findall(line)]
+    return out
+
+
+@pytest.mark.parametrize("doc", [*DOCS, ROOT / "pyproject.toml"], ids=_doc_id)
+def test_every_page_states_the_supported_range_of_the_code(doc: Path) -> None:
+    from workers.engine.versions import NEWEST, OLDEST
+
+    for line, first, last in _range_statements(doc.read_text()):
+        assert first == OLDEST and last in (NEWEST, "*"), (
+            f"{_doc_id(doc)} states the supported SGLang range as {first}..{last} ({line!r}); "
+            f"the code supports {OLDEST} to {NEWEST} (workers/engine/versions.py)")
+
+
+def test_the_range_check_catches_a_page_that_disagrees() -> None:
+    from workers.engine.versions import NEWEST
+
+    for wrong in ("pip install -e '.[gpu]'   # adds sglang (0.5.10.post1 or 0.5.11)",
+                  "Supported SGLang: `0.5.10.post1` and `0.5.11` (`.[gpu]` pins that range)"):
+        (_, first, last), = _range_statements(wrong)
+        assert (first, last) == ("0.5.10.post1", "0.5.11") and last != NEWEST
+    assert _range_statements("gpu = [\"sglang>=0.5.9,<0.6\"]") == [
+        ("gpu = [\"sglang>=0.5.9,<0.6\"]", "0.5.9", "*")]
+    assert _range_statements("Sources are SGLang 0.5.10.post1 and 0.5.11 as published") == []
+
+
+def test_python_floor_matches_the_lock() -> None:
+    """The lock is built for CPython 3.11 (Makefile ``lock``): pyproject must not claim 3.10."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.11"' in text
+    assert "--python-version 3.11" in (ROOT / "Makefile").read_text()

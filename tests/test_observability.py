@@ -254,7 +254,8 @@ def test_worker_info_and_status_table_show_running_cap_queue_and_rate():
     assert (info["fleet_running_cap"], info["fleet_queued"], info["fleet_tokens_per_sec"],
             info["fleet_engine_state"]) == ("12/40", "3", 851.4, "healthy")
     assert worker_info({**beat, "running": None, "cap": None})["fleet_running_cap"] == "?/?"
-    st = {"job": "j", "total": 10, "completed": 6, "failed": 2, "quarantined": 1, "truncated": 1,
+    st = {"job": "j", "state": "running", "total": 10, "completed": 6, "failed": 2,
+          "quarantined": 1, "truncated": 1,
           "done_batches": 1, "in_flight_batches": 1, "queued_batches": 0, "rate_per_sec": 1.0,
           "tokens_per_sec": 850.0, "eta_hours": 0.001, "elapsed_s": 8, "done": False,
           "workers": [beat]}

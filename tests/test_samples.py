@@ -218,7 +218,7 @@ def test_parquet_kept_columns_keep_their_arrow_types(tmp_path) -> None:
     from workers.dataset.kept import decode_schema
     from workers.dataset.sink import ShardWriter
 
-    when = dt.datetime(2026, 5, 1, 12, 30, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 5, 1, 12, 30, tzinfo=dt.UTC)
     table = pa.table({
         "prompt": ["a", "b"],
         "score": pa.array([3, None], pa.int32()),

@@ -45,7 +45,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from workers.delivery import jobstate
+from workers.delivery import job_progress, jobstate
 from workers.engine.lifecycle import EngineState
 from workers.gauges import EngineSample
 
@@ -163,10 +163,27 @@ class FleetCollector(Collector):
             if value is not None:
                 yield _gauge(name, doc, self.labels, float(value))
 
+    def _jobs(self) -> Iterator[Metric]:
+        jobs = job_progress.list_jobs(self.redis)
+        state = GaugeMetricFamily("fleet_job_state", "1 for the job's current state (running, "
+                                  "paused, cancelled, done); the same from every worker.",
+                                  labels=["job", "state"])
+        progress = GaugeMetricFamily("fleet_job_progress", "Fraction of the job's prompts "
+                                     "with their final row.", labels=["job"])
+        version = GaugeMetricFamily("fleet_job_dataset_version", "Number of the job's "
+                                    "committed data-set version (0: none yet).", labels=["job"])
+        for j in jobs:
+            for s in job_progress.STATES:
+                state.add_metric([j["job"], s], float(j["state"] == s))
+            progress.add_metric([j["job"]], float(j["progress"]))
+            version.add_metric([j["job"]], float(j["dataset_version_number"] or 0))
+        yield from (state, progress, version)
+
     def collect(self) -> Iterator[Metric]:
         """Every family; the Redis-backed ones are left out while Redis is unreachable."""
         try:
             yield from self._counters()
+            yield from self._jobs()
         except redis.RedisError as exc:
             log.warning("metrics: cannot read counters from Redis: %s", exc)
         yield from self._engine()

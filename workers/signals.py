@@ -21,7 +21,7 @@ from config.settings import Settings, load_settings
 from workers import context, gpu_group
 from workers.celery_app import SHARED_QUEUE, SINK_QUEUE
 from workers.dataset.store import open_store
-from workers.delivery import lease
+from workers.delivery import job_progress, lease
 from workers.delivery.gate import ConsumerGate
 from workers.delivery.janitor import Janitor
 from workers.engine.lifecycle import ParallelismMismatch, group_profile
@@ -70,7 +70,8 @@ def _claim(settings: Settings, node: str, group: GpuGroup, queue: str) -> None:
 @signals.worker_init.connect
 def _on_worker_init(sender: object, **_: object) -> None:
     """Work out the GPU group from -Q / FLEET_GPU, check it, claim it, and also consume the
-    shared queue. Every refusal is one line and stops the worker."""
+    shared queue (and the sink queue, FLEET_SINK_ON_GPU_WORKERS). Every refusal is one line
+    and stops the worker."""
     if _sink_only(sender.app):  # type: ignore[attr-defined]
         log.info("fleet sink worker %s: no GPU, no engine", getattr(sender, "hostname", "?"))
         return
@@ -91,6 +92,8 @@ def _on_worker_init(sender: object, **_: object) -> None:
         queues.select_add(queue)
     if SHARED_QUEUE not in own:
         queues.select_add(SHARED_QUEUE)
+    if settings.sink_on_gpu_workers and SINK_QUEUE not in own:
+        queues.select_add(SINK_QUEUE)
     me = context.set_identity(node, group, settings.engine_port(group.first), queue)
     log.info("fleet worker %s: %s, engine port %d, queues %s", me.node, group.describe(),
              me.port, list(queues.consume_from))
@@ -122,9 +125,16 @@ class EngineStep(bootsteps.StartStopStep):
         _start_janitor(app, settings, client)
 
     def info(self, worker: object) -> dict[str, object]:
-        """GPU group, engine state, running/cap, queue, tokens/s for ``inspect stats``
-        (Flower)."""
-        return worker_info(_runtime.heartbeat_payload()) if _runtime is not None else {}
+        """GPU group, engine state, running/cap, queue, tokens/s and each job's state and data
+        set for ``inspect stats`` (Flower)."""
+        if _runtime is None:
+            return {}
+        info = worker_info(_runtime.heartbeat_payload())
+        try:
+            info["fleet_jobs"] = job_progress.brief(_runtime.redis)
+        except redis.RedisError:
+            info["fleet_jobs"] = "Redis unreachable"
+        return info
 
 
 def _start_janitor(app: object, settings: Settings, client: redis.Redis) -> None:

@@ -35,7 +35,7 @@ AUTO_DEDUP_S = 300
 
 def state_key(job: str) -> str:
     """Redis hash with the state of the job's latest sink run (for ``sink --wait``)."""
-    return f"{jobstate.Keys(job).job}:sink"
+    return jobstate.Keys(job).sink
 
 
 def set_state(r: redis.Redis, job: str, state: str, request: str | None,

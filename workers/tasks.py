@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -102,6 +103,8 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             # keep a message for the batch rather than ack the only one away.
             raise HandBack(f"batch {job}/{batch} is held by {claimed.holder}")
         owner.start_keeping(settings.lease_renew_s)
+        # The start of the job's active span (workers/delivery/job_progress.py).
+        await r.hsetnx(jobstate.Keys(job).job, "first_taken_at", round(time.time(), 3))
         try:
             return await _generate(task, settings, store, r, spec, batch, owner)
         finally:

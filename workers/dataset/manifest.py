@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -63,6 +63,7 @@ SCHEMA = pa.schema([
     pa.field("node", pa.string()),
     pa.field("reused_from", pa.string()),
     pa.field("launch_digest", pa.string()),
+    pa.field("finished_at", pa.float64()),
 ])
 
 
@@ -176,7 +177,7 @@ class Tally:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def _model_of(profile: str) -> str | None:

@@ -9,7 +9,9 @@ from the broker and the owner keys when it matters (workers/delivery/whereabouts
 Keys (``{j}`` = job name)::
 
     fleet:jobs                    set of job names
-    fleet:job:{j}                 hash: spec (JSON), started_at
+    fleet:job:{j}                 hash: spec (JSON), state, store_url, started_at (enqueue),
+                                  first_taken_at (first batch taken), last_row_at (last row
+                                  recorded)
     fleet:job:{j}:owner:{b}       the fencing token of the run that owns batch b (expires)
     fleet:job:{j}:done            set of batches whose results were stored (a cache of the store)
     fleet:job:{j}:stats           hash: completed, failed, quarantined (disjoint), truncated,
@@ -46,12 +48,13 @@ end
 """
 
 # Records rows of a batch, only from the batch's current owner (its fencing token): -1 when
-# the caller no longer owns the batch. Each row is counted the first time it is recorded.
+# the caller no longer owns the batch. Each row is counted the first time it is recorded, and
+# the job's hash (KEYS[9], when given) keeps the latest time a row was counted (ARGV[5]).
 RECORD_ROWS = _BUMP + """
 if redis.call('GET', KEYS[7]) ~= ARGV[4] then return -1 end
 local is_done = redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1
 local counted = 0
-for i = 5, #ARGV, 4 do
+for i = 6, #ARGV, 4 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 and not is_done then
     counted = counted + 1
     local kind = ARGV[i + 2]
@@ -70,6 +73,10 @@ for i = 5, #ARGV, 4 do
     redis.call('HINCRBY', KEYS[6], 'rows', 1)
     redis.call('HINCRBY', KEYS[6], 'output_tokens', tok)
   end
+end
+if counted > 0 and KEYS[9] then
+  local last = tonumber(redis.call('HGET', KEYS[9], 'last_row_at') or '0')
+  if tonumber(ARGV[5]) > last then redis.call('HSET', KEYS[9], 'last_row_at', ARGV[5]) end
 end
 return counted
 """
@@ -108,6 +115,8 @@ class Keys:
         self.child_deaths = f"{base}:child_deaths"
         self.series_n = f"{base}:series:n"
         self.series_tok = f"{base}:series:tok"
+        # The state of the job's latest sink run (workers/sink_task.py).
+        self.sink = f"{base}:sink"
         self._base = base
 
     def progress(self, batch: int) -> str:
@@ -127,23 +136,36 @@ def bucket(now: float | None = None) -> int:
     return int((now if now is not None else time.time()) // SERIES_BUCKET_S) * SERIES_BUCKET_S
 
 
+def record_keys(job: str, batch: int, node_key: str) -> list[str]:
+    """KEYS for RECORD_ROWS, ``node_key`` the worker's lifetime counters."""
+    k = Keys(job)
+    return [k.progress(batch), k.stats, k.done, k.series_n, k.series_tok, node_key,
+            k.owner(batch), k.bstats, k.job]
+
+
 def record_args(batch: int, node: str, token: str,
                 rows: list[tuple[int | str, bytes, str, int]]) -> list[Any]:
-    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, then (unit key: the index, or
-    "index:sample" for samples after the first; row, kind,
+    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, now, then (unit key: the
+    index, or "index:sample" for samples after the first; row, kind,
     tokens) per row."""
-    argv: list[Any] = [batch, bucket(), node, token]
+    now = time.time()
+    argv: list[Any] = [batch, bucket(now), node, token, round(now, 3)]
     for index, row, kind, tokens in rows:
         argv += [index, row, kind, tokens]
     return argv
 
 
-def register_job(r: redis.Redis, job: str, spec_json: str) -> None:
-    """Record the job in Redis as running (idempotent; keeps the first start time)."""
+def register_job(r: redis.Redis, job: str, spec_json: str, store_url: str | None = None
+                 ) -> None:
+    """Record the job in Redis as running (idempotent; keeps the first start time), and where
+    its store is (``store_url``), so every command finds it from any directory."""
     keys = Keys(job)
     pipe = r.pipeline()
     pipe.sadd(JOBS_KEY, job)
-    pipe.hset(keys.job, mapping={"spec": spec_json, "state": "running"})
+    fields = {"spec": spec_json, "state": "running"}
+    if store_url:
+        fields["store_url"] = store_url
+    pipe.hset(keys.job, mapping=fields)
     pipe.hsetnx(keys.job, "started_at", time.time())
     pipe.execute()
 

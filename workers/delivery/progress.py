@@ -76,6 +76,8 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
         # As JSON text, null when the model called no tool (the chat message's tool_calls).
         "tool_calls": orjson.dumps(done.tool_calls).decode()
         if done and done.tool_calls else None,
+        # When the outcome arrived (unix s): the report's time axis at any job length.
+        "finished_at": round(time.time(), 3),
     }
     if row.keep is not None:
         out["keep"] = row.keep
@@ -126,7 +128,6 @@ class ProgressRecorder:
 
     def __init__(self, env: BatchEnv, job: str, batch: int, token: str) -> None:
         self._env, self._job, self._batch, self._token = env, job, batch, token
-        self._keys = jobstate.Keys(job)
         # Rows by manifest bucket (ok/truncated/failed/quarantined), recorded one bucket per call.
         self._buf: dict[str, list[tuple[str, bytes, str, int]]] = {}
         self._bytes = 0
@@ -172,9 +173,8 @@ class ProgressRecorder:
         # The chunk's name is taken before any await: a name is never written twice, so a
         # recorded index always finds its row in the chunk it names.
         name, self._seq = f"{self._chunk_tag}-{self._seq:06d}", self._seq + 1
-        k, node = self._keys, self._env.me.node
-        keys = [k.progress(self._batch), k.stats, k.done, k.series_n, k.series_tok,
-                jobstate.node_stats_key(node), k.owner(self._batch), k.bstats]
+        node = self._env.me.node
+        keys = jobstate.record_keys(self._job, self._batch, jobstate.node_stats_key(node))
         fresh: dict[str, int] = {}
         written: list[str] = []
         try:

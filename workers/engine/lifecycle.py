@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "workers.sim"}
 
 
-class EngineState(str, enum.Enum):
+class EngineState(enum.StrEnum):
     """Where an engine is in its life."""
 
     STOPPED = "stopped"

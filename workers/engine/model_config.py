@@ -153,10 +153,11 @@ def find_config(model_path: str, env: Mapping[str, str] | None = None) -> Path:
         for name in (repo.replace("/", "--"), repo.rsplit("/", 1)[-1]):
             if (folder / name / "config.json").is_file():
                 return folder / name / "config.json"
+    shipped = [str(folder / repo.replace("/", "--")) for folder in CONFIG_DIRS]
     raise ModelConfigError(
-        f"{model_path}/config.json: not a local folder and not in the Hugging Face cache "
-        f"({', '.join(str(d) for d in _hf_cache_dirs(env))}); download it or set model-path "
-        "to the model's folder"
+        f"{model_path}/config.json: not a local folder, not in the Hugging Face cache "
+        f"({', '.join(str(d) for d in _hf_cache_dirs(env))}) and not shipped "
+        f"({', '.join(shipped)}); download it or set model-path to the model's folder"
     )
 
 
@@ -235,7 +236,8 @@ def _swa_layers(text: Mapping[str, Any], arch: str) -> int:
     return sum(1 for t in text.get("layer_types") or [] if t == "sliding_attention")
 
 
-def _index_total(folder: Path) -> int | None:
+def index_total(folder: Path) -> int | None:
+    """The weights' ``total_size`` from ``model.safetensors.index.json`` (None without one)."""
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
         return None
@@ -344,7 +346,7 @@ def _read(path: str, mtime: float, name: str) -> ModelShape:
         raise ModelConfigError(f"{config}: cannot read ({exc})") from exc
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{config}: not a JSON object")
-    return shape_from_config(cfg, str(config), name, _index_total(config.parent))
+    return shape_from_config(cfg, str(config), name, index_total(config.parent))
 
 
 def model_shape(model_path: str, env: Mapping[str, str] | None = None) -> ModelShape:

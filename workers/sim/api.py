@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -214,7 +214,7 @@ def loads_document(state: SimState) -> dict[str, Any]:
     """The /v1/loads JSON document (``v1_loads._compute_aggregate`` for the aggregate)."""
     entry = load_entry(state)
     return shape_loads({
-        "timestamp": datetime.now(timezone.utc).isoformat(),
+        "timestamp": datetime.now(UTC).isoformat(),
         "version": state.version,
         "dp_rank_count": 1,
         "loads": [entry],

@@ -107,7 +107,7 @@ class SimEngine:
             self._output = asyncio.Event()
         try:
             await asyncio.wait_for(self._output.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

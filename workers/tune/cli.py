@@ -121,6 +121,10 @@ def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
             profile = None
     job = running_job_section(settings, _redis(settings), (beat or {}).get("node"))
     snap = snapshots.capture(target, beat, profile, job)
+    if all(s in snap["unavailable"] for s in ("server_info", "loads", "metrics")):
+        raise snapshots.SnapshotError(
+            f"no engine answers on GPU {gpu} at {target.base_url}: is its worker running? "
+            f"(celery -A workers worker -Q gpu{gpu} -n gpu{gpu}@%h)")
     if settings.engine == "sim":
         snap["gpu_memory_mib"] = settings.sim.gpu_memory_mib
     return snap

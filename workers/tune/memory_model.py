@@ -30,6 +30,7 @@ from typing import Any
 from workers.engine import capacity
 from workers.engine.capacity import GIB, CapacityPlan, EngineFlags, ModelConfigError, ModelShape
 from workers.engine.log import LogFacts
+from workers.engine.model_config import shape_from_config
 from workers.engine.versions import engine_version, traits, unknown_traits
 from workers.tune.readings import Reading
 
@@ -124,12 +125,19 @@ class MemoryModel:
 
 
 def config_model(
-    flags: Mapping[str, Any], gpu_memory_mib: int, env: Mapping[str, str] | None = None
+    flags: Mapping[str, Any], gpu_memory_mib: int, env: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> MemoryModel:
     """A model from the config.json of the profile's ``model-path`` alone (no engine to
-    calibrate from); :class:`CannotPlan` when that config cannot be read."""
+    calibrate from), or from ``config``, a snapshot's ``model_config`` section (the config
+    carried off the node); :class:`CannotPlan` when neither can be read."""
+    name = str(flags.get("model-path", ""))
     try:
-        shape = capacity.model_shape(str(flags.get("model-path", "")))
+        if config and isinstance(config.get("config"), Mapping):
+            shape = shape_from_config(config["config"], str(config.get("source") or "snapshot"),
+                                      name, config.get("index_total"))
+        else:
+            shape = capacity.model_shape(name)
     except ModelConfigError as exc:
         raise CannotPlan(f"cannot plan: {exc}") from exc
     return MemoryModel(shape, gpu_memory_mib, env=dict(env or {}))
@@ -257,11 +265,13 @@ def calibrate(
     log: LogFacts,
     server_info: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> MemoryModel:
-    """A memory model whose costs are measured from a live engine's log and /server_info."""
+    """A memory model whose costs are measured from a live engine's log and /server_info
+    (``config``: the snapshot's copy of the model's config.json, see :func:`config_model`)."""
     info = server_info or {}
     try:
-        model = config_model(flags, gpu_memory_mib, env)
+        model = config_model(flags, gpu_memory_mib, env, config)
     except CannotPlan as exc:
         # The engine's own readings still stand; only predictions are refused.
         shape = ModelShape(name=str(flags.get("model-path", "")), weights_gib=0.0,

@@ -357,5 +357,13 @@ _BY_CONSTRAINT: dict[
 def recommend(
     view: EngineView, verdict: Verdict, headroom: float
 ) -> tuple[Verdict, Recommendation]:
-    """The recommendation for ``verdict`` (a running cap with no room becomes ``gpu_memory``)."""
+    """The recommendation for ``verdict`` (a running cap with no room becomes ``gpu_memory``).
+
+    Every lever but the client's is a relaunch, predicted from the model's config.json: where
+    that cannot be read, the recommendation says so (and where it looked) instead of a claim
+    about what fits that nothing checked."""
+    cannot = view.model.cannot_plan
+    if cannot is not None and verdict.constraint != "client_concurrency":
+        reason = f"cannot plan a relaunch without the model's config.json ({cannot})"
+        return verdict, Recommendation({}, None, view.current, None, [reason], [])
     return _BY_CONSTRAINT[verdict.constraint](view, verdict, headroom)

@@ -174,7 +174,8 @@ def view_from_snapshot(
     flags = snapshot_flags(snapshot)
     gpu_mib = _gpu_memory_mib(readings, gpu_memory_mib or snapshot.get("gpu_memory_mib"))
     env = (snapshot.get("profile") or {}).get("env") or {}
-    model = calibrate(flags, gpu_mib, readings.log, snapshot.get("server_info"), env)
+    model = calibrate(flags, gpu_mib, readings.log, snapshot.get("server_info"), env,
+                      snapshot.get("model_config"))
     points = steady_points(snapshot, readings)
     view = EngineView(
         readings, flags, model, _predict_current(model, flags), throughput.fit(points), points, {},

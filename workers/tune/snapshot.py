@@ -3,9 +3,11 @@
 Every section is optional when reading; a section that could not be captured is absent and
 ``unavailable`` says why. A snapshot can also be read from a folder of raw captures
 (``engine.log``, ``metrics.txt``, ``server_info.json``, ``loads.json``, ``gpu.json``,
-``client.json``, ``profile.json``, ``job.json`` (the running job's lengths), and
-``samples.jsonl``: one ``/v1/loads`` + ``sglang:`` gauge reading a line, taken under load),
-which is how evidence copied off a real machine is fed in.
+``client.json``, ``profile.json``, ``job.json`` (the running job's lengths), ``config.json``
+(the model's own, so a diagnosis made off the node can plan), and ``samples.jsonl``: one
+``/v1/loads`` + ``sglang:`` gauge reading a line, taken under load), which is how evidence
+copied off a real machine is fed in. A captured snapshot carries the model's config.json as
+``model_config`` (``{"source", "config", "index_total"}``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from workers.engine.model_config import ModelConfigError, find_config, index_total
 from workers.tune import gpu
 
 Snapshot = dict[str, Any]
@@ -40,6 +43,7 @@ RAW_FILES = {
     "profile": "profile.json",
     "samples": "samples.jsonl",
     "job": "job.json",
+    "model_config": "config.json",
 }
 
 
@@ -138,8 +142,26 @@ def capture(
             out[name] = value
         else:
             why[name] = "not available"
+    model_path = ((profile or {}).get("flags") or {}).get("model-path")
+    try:
+        out["model_config"] = model_config_section(str(model_path or ""))
+    except ModelConfigError as exc:
+        why["model_config"] = str(exc)
     out["unavailable"] = why
     return out
+
+
+def model_config_section(model_path: str) -> dict[str, Any]:
+    """The model's config.json (and its weights' ``total_size`` where the index is beside
+    it), as the snapshot carries it: a diagnosis made elsewhere plans from it."""
+    if not model_path:
+        raise ModelConfigError("no model-path in the engine's profile")
+    path = find_config(model_path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(f"{path}: cannot read ({exc})") from exc
+    return {"source": str(path), "config": config, "index_total": index_total(path.parent)}
 
 
 def _read_folder(folder: Path) -> Snapshot:
@@ -149,7 +171,9 @@ def _read_folder(folder: Path) -> Snapshot:
         if not path.exists():
             continue
         text = path.read_text()
-        if name.endswith(".jsonl"):
+        if section == "model_config":
+            out[section] = {"source": str(path), "config": json.loads(text)}
+        elif name.endswith(".jsonl"):
             out[section] = [json.loads(line) for line in text.splitlines() if line.strip()]
         else:
             out[section] = json.loads(text) if name.endswith(".json") else text
