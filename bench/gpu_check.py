@@ -319,6 +319,11 @@ def _table_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         rows.append(("sglang_offline: output tok/s / s / fleet ratio",
                      f"{a.get('output_tok_s')} / {a.get('seconds')} / {a.get('fleet_ratio')}"
                      if "error" not in a else f"error: {a['error'][:200]}"))
+    if sv := summary.get("samples_vs_copies"):
+        rows.append((f"{sv['prompts']} prompts x {sv['samples']} samples vs copies: tok/s ratio "
+                     "/ prefill ratio samples / copies",
+                     f"{sv['tok_s_ratio']:.3f} / {sv['prefill_ratio_samples']:.3f} / "
+                     f"{sv['prefill_ratio_copies']:.3f} (verified {sv['verified'] == 1.0})"))
     for name, g in summary.get("goals", {}).items():
         rows.append((f"goal {name}", f"{g['value']} (>= {g['goal']}: "
                      f"{'met' if g['met'] else 'not met'})"))
@@ -405,6 +410,15 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
 
     summary["rows"] = rows_summary(prompts, args.sigma)
     ordered_jobs(fleet, args, stamp, summary, result, urls, caps, prompts, during)
+    if args.samples_vs_copies:  # issue 27: N samples vs the rows written N times
+        from bench.samples import compare
+
+        got = compare(fleet, urls, args.samples_vs_copies, args.samples, args.max_new_tokens)
+        summary["samples_vs_copies"] = {k: v for k, v in got.items()
+                                        if not k.endswith("_job")}
+        summary["samples_vs_copies"]["jobs"] = {"samples": got["samples_job"],
+                                                "copies": got["copies_job"]}
+        result.write_text(json.dumps(summary, indent=2) + "\n")
     if args.kill_engine_after_s > 0:
         nf = args.fault_prompts or args.prompts
         fprompts = write_prompts(fleet.workdir / "fault.jsonl", nf, args.mean_tokens,
@@ -465,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-window-s", type=float, default=40.0)
     ap.add_argument("--kill-engine-after-s", type=float, default=0.0)
     ap.add_argument("--fault-prompts", type=int, default=0, help="default: --prompts")
+    ap.add_argument("--samples-vs-copies", type=int, default=0, metavar="P",
+                    help="issue 27: P prompts with --samples N vs the same rows written N "
+                    "times (bench/samples.py), on these engines")
+    ap.add_argument("--samples", type=int, default=8, help="N of --samples-vs-copies")
     ap.add_argument("--start-timeout-s", type=float, default=600.0)
     ap.add_argument("--job-timeout-s", type=float, default=1800.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -509,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                 (args.out / f"gpu-check-{stamp}-{p.name}").write_bytes(
                     p.read_bytes()[-4_000_000:])
             summary["ok"] = all(j["verify"]["ok"] for j in (summary.get("job"),
-                                summary.get("fault_job")) if j) and "job" in summary
+                                summary.get("fault_job")) if j) and "job" in summary and (
+                summary.get("samples_vs_copies", {}).get("verified", 1.0) == 1.0)
             result.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     if "start_error" in summary:

@@ -136,11 +136,19 @@ def enqueue(
     allow_node_local_store: bool = typer.Option(
         False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
         "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
+    samples: int = typer.Option(None, "--samples", metavar="N",
+                                help="Samples per prompt (a row's own OpenAI n wins; same as "
+                                "--sampling n=N); each is stored once, with its number in "
+                                "the column 'sample'"),
+    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B",
+                                     help="Input columns carried into the data set and every "
+                                     "export ('*': every column the fleet does not read)"),
 ) -> None:
     """Stage INPUT in the store and enqueue every batch that is not stored and has no
     message and no live run (re-run it to resume or repair a job)."""
     from producer import render
     from producer.enqueue import enqueue as enqueue_job
+    from producer.keep import KeepColumns, parse_keep
     from producer.options import dropped_note, job_sampling, resumed_sampling
     from producer.readers import ReadOptions, read_rows
     from producer.reuse import reuse_hook
@@ -155,21 +163,35 @@ def enqueue(
     check_job_name(job)
     spec_sampling = resumed_sampling(store, job, job_sampling(
         max_new_tokens, temperature, top_p, sampling, chat, system_prompt, chat_template_kwargs,
-        drop_unsupported))
+        drop_unsupported, samples))
     opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
-                       spec_sampling.drop_unsupported, spec_sampling.params)
+                       spec_sampling.drop_unsupported, spec_sampling.params,
+                       samples=spec_sampling.samples, temperature=spec_sampling.temperature)
+    if keep_columns is None:  # a re-run reads the input as the job was created
+        keep_columns = _recorded_keep(store, job)
+    if (kept := parse_keep(keep_columns)) is not None:
+        opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
     rows = read_rows(input, opts, settings.s3)
     with render.enqueue_progress(err()) as on_batch:
         hook, reused = reuse_hook(store, r, reuse_from, settings.profile)
         report = enqueue_job(store, r, app, input, job, batch_size or None, spec_sampling, rows,
                              on_batch, default_batch_size=settings.batch_size,
-                             before_reconcile=hook, dropped_keys=opts.dropped)
+                             before_reconcile=hook, dropped_keys=opts.dropped,
+                             keep=opts.keep)
     render.enqueue_summary(err(), report)
     if note := dropped_note(report.spec.dropped_keys):
         err().print(note, soft_wrap=True)
     if reused:
         err().print(reused[0].summary(), soft_wrap=True)
     trigger_if_complete(r, app, report.spec, settings)
+
+
+def _recorded_keep(store: Store, job: str) -> str | None:
+    """The --keep-columns an existing job was created with (None: none, or no such job)."""
+    try:
+        return load_spec(store, job).keep_arg
+    except JobError:
+        return None
 
 
 @cli.command()

@@ -30,6 +30,7 @@ import orjson
 import redis
 from celery import Celery
 
+from producer.keep import KeepColumns
 from workers.dataset.jobs import (
     JobSpec,
     SamplingSpec,
@@ -42,6 +43,7 @@ from workers.dataset.jobs import (
     staged_sha256,
     uncompressed,
 )
+from workers.dataset.samples import row_samples
 from workers.dataset.store import ObjectMissing, Store
 from workers.delivery import jobstate, whereabouts
 from workers.delivery.lease import unacked_key
@@ -280,12 +282,22 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, j
             on_batch: Callable[[int, int], None] | None = None,
             default_batch_size: int = 500,
             before_reconcile: Callable[[JobSpec], None] | None = None,
-            dropped_keys: Mapping[str, int] | None = None) -> EnqueueReport:
+            dropped_keys: Mapping[str, int] | None = None,
+            keep: KeepColumns | None = None) -> EnqueueReport:
     """Record, stage and enqueue a job (or resume it); see the module docstring.
 
-    ``dropped_keys`` is filled while ``rows`` is read (producer.readers.ReadOptions.dropped).
+    ``dropped_keys`` and ``keep`` (the kept columns' types) are filled while ``rows`` is read
+    (producer.readers.ReadOptions).
     """
     old = _existing_spec(store, job)
+    samples = [0]
+
+    def counted(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for d in rows:  # every row stands for its samples (a row's own n, else the job's)
+            samples[0] += row_samples(d.get("params"), sampling.samples)
+            yield d
+
+    rows = counted(rows)
     size = batch_size or (old.batch_size if old else default_batch_size)
     if old and size != old.batch_size:
         raise JobError(f"job {job!r} exists with batch size {old.batch_size}, not {size}")
@@ -298,10 +310,14 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, j
                                        on_batch)
     if total == 0:
         raise InputError(str(input_path), None, "no rows")
+    kept, kept_schema = keep.record() if keep is not None else ({}, None)
     spec = old or JobSpec(name=job, total=total, batch_size=size, n_batches=n,
                           input_path=str(input_path), input_fingerprint=fingerprint,
                           sampling=sampling, bad_rows=len(report.bad_rows),
-                          dropped_keys=dict(dropped_keys or {}))
+                          dropped_keys=dict(dropped_keys or {}),
+                          total_samples=samples[0] if samples[0] != total else 0,
+                          keep_columns=kept, keep_schema=kept_schema,
+                          keep_arg=",".join(keep.wanted) if keep is not None else None)
     if old is None or spec.input_sha256 != report.batch_sha256:
         spec = spec.model_copy(update={"input_sha256": report.batch_sha256})
         save_spec(store, spec)

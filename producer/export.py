@@ -59,29 +59,55 @@ def _ids(job: str, index: int) -> str:
     return hashlib.sha256(f"{job}\0{index}".encode()).hexdigest()[:24]
 
 
-def _body(rec: dict[str, Any], rid: str, created: int, model: str) -> dict[str, Any]:
-    usage = {"prompt_tokens": rec["prompt_tokens"] or 0,
-             "completion_tokens": rec["completion_tokens"] or 0,
-             "total_tokens": (rec["prompt_tokens"] or 0) + (rec["completion_tokens"] or 0)}
-    if rec["messages"] is None and rec["prompt"] is not None:
-        choice: dict[str, Any] = {"index": 0, "text": rec["completion"], "logprobs": None,
-                                  "finish_reason": rec["finish_reason"]}
-        return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
-                "model": model, "choices": [choice], "usage": usage}
-    message = {"role": "assistant", "content": rec["completion"]}
+def _kept(rec: dict[str, Any]) -> dict[str, Any]:
+    """The kept input columns of a data-set row (every column after SCHEMA's)."""
+    return {k: v for k, v in rec.items() if k not in SCHEMA.names}
+
+
+def _choice(rec: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """One sample of a row as an OpenAI choice (its ``index`` is the sample)."""
+    index = rec.get("sample") or 0
+    if not chat:
+        return {"index": index, "text": rec["completion"], "logprobs": None,
+                "finish_reason": rec["finish_reason"]}
+    message: dict[str, Any] = {"role": "assistant", "content": rec["completion"]}
     if rec["reasoning"] is not None:
         message["reasoning_content"] = rec["reasoning"]
-    choice = {"index": 0, "message": message, "logprobs": None,
-              "finish_reason": rec["finish_reason"]}
+    if rec.get("tool_calls"):
+        message["tool_calls"] = orjson.loads(rec["tool_calls"])
+    return {"index": index, "message": message, "logprobs": None,
+            "finish_reason": rec["finish_reason"]}
+
+
+def _body(recs: list[dict[str, Any]], rid: str, created: int, model: str) -> dict[str, Any]:
+    """The response body of one prompt: one choice per sample that finished (as OpenAI's
+    ``n``); the prompt's tokens counted once, the completions' summed."""
+    rec = recs[0]
+    completion = sum(r["completion_tokens"] or 0 for r in recs)
+    usage = {"prompt_tokens": rec["prompt_tokens"] or 0, "completion_tokens": completion,
+             "total_tokens": (rec["prompt_tokens"] or 0) + completion}
+    chat = not (rec["messages"] is None and rec["prompt"] is not None)
+    choices = [_choice(r, chat) for r in recs]
+    if not chat:
+        return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
+                "model": model, "choices": choices, "usage": usage}
     return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage}
+            "model": model, "choices": choices, "usage": usage}
 
 
-def openai_line(rec: dict[str, Any], created: int, models: dict[str, str]) -> dict[str, Any]:
-    """One data-set row as a line of an OpenAI Batch output file."""
+def openai_line(rec: dict[str, Any] | list[dict[str, Any]], created: int,
+                models: dict[str, str]) -> dict[str, Any]:
+    """One prompt's data-set rows (its samples) as a line of an OpenAI Batch output file;
+    kept input columns under ``columns``. A prompt none of whose samples finished is reported
+    with the first one's error."""
+    recs = rec if isinstance(rec, list) else [rec]
+    done = [r for r in recs if r["status"] == "ok"]
+    rec = done[0] if done else recs[0]
     rid = _ids(rec["job"], rec["index"])
     line: dict[str, Any] = {"id": f"batch_req_{rid}", "custom_id": rec["id"]}
-    if rec["status"] != "ok":
+    if kept := _kept(rec):
+        line["columns"] = kept
+    if not done:
         status, kind, code = ((400, "invalid_request_error", "quarantined")
                               if row_bucket(rec) == "quarantined"
                               else (500, "server_error", "generation_failed"))
@@ -89,7 +115,7 @@ def openai_line(rec: dict[str, Any], created: int, models: dict[str, str]) -> di
         return line | {"response": {"status_code": status, "request_id": f"req_{rid}",
                                     "body": body}, "error": None}
     model = models.get(rec["profile"] or "", rec["profile"] or "")
-    body = _body(rec, rid, created, model)
+    body = _body(done, rid, created, model)
     return line | {"response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
                    "error": None}
 
@@ -103,20 +129,41 @@ def _write_lines(tables: Iterator[pa.Table], fh: IO[bytes], fmt: str,
                  manifest: dict[str, Any]) -> int:
     created = int(manifest.get("finished_at_unix") or 0)
     models, rows = _models(manifest), 0
+    prompt: list[dict[str, Any]] = []  # the samples of one prompt (consecutive in the data set)
+
+    def emit() -> None:
+        if prompt:
+            fh.write(orjson.dumps(openai_line(prompt, created, models), default=str) + b"\n")
+            prompt.clear()
+
     for table in tables:
         for rec in table.to_pylist():
-            obj = rec if fmt == "jsonl" else openai_line(rec, created, models)
-            fh.write(orjson.dumps(obj) + b"\n")
             rows += 1
+            if fmt == "jsonl":
+                fh.write(orjson.dumps(rec, default=str) + b"\n")
+                continue
+            if prompt and prompt[0]["index"] != rec["index"]:
+                emit()
+            prompt.append(rec)
+    emit()
     return rows
 
 
 def _write_parquet(tables: Iterator[pa.Table], path: Path) -> int:
-    rows = 0
-    with pq.ParquetWriter(path, SCHEMA, compression="zstd", compression_level=3) as writer:
+    """One Parquet file with the data set's own schema (its kept columns' types included)."""
+    rows, writer = 0, None
+    try:
         for table in tables:
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema, compression="zstd",
+                                          compression_level=3)
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
             rows += table.num_rows
+        if writer is None:
+            pq.write_table(SCHEMA.empty_table(), path, compression="zstd")
+    finally:
+        if writer is not None:
+            writer.close()
     return rows
 
 

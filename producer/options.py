@@ -38,14 +38,36 @@ def _merge_named(named: dict[str, Any], params: dict[str, Any]) -> None:
         named[key] = value
 
 
+def _samples(given: int | None, params: dict[str, Any]) -> int:
+    """``--samples N`` and ``--sampling n=N`` (the same thing; they must agree)."""
+    n = params.pop("n", None)
+    if given is not None and n is not None and given != n:
+        raise InputError("--sampling", None, f"n={n} contradicts --samples {given}")
+    value = given if given is not None else n if n is not None else 1
+    if value < 1:
+        raise InputError("--samples", None, f"is {value}: the samples per prompt must be at "
+                         "least 1")
+    return value
+
+
+def greedy_refusal(samples: int, temperature: Any) -> str | None:
+    """Why N samples at this temperature are refused (None when they are not): greedy
+    sampling (temperature 0) gives the same answer N times."""
+    if samples > 1 and temperature is not None and temperature == 0:
+        return (f"{samples} samples per prompt at temperature 0: greedy sampling gives "
+                f"{samples} identical answers; set a temperature above 0 or 1 sample")
+    return None
+
+
 def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: float | None,
                  sampling: list[str] | None, chat: bool, system_prompt: str | None,
-                 chat_template_kwargs: str | None, drop_unsupported: bool = False
-                 ) -> SamplingSpec:
+                 chat_template_kwargs: str | None, drop_unsupported: bool = False,
+                 samples: int | None = None) -> SamplingSpec:
     """The job's SamplingSpec from the command line; InputError names a refused flag value.
 
     ``--system-prompt`` and ``--chat-template-kwargs`` only exist in chat requests, so they
-    imply ``--chat``.
+    imply ``--chat``. ``--samples N`` (or ``--sampling n=N``) above 1 at temperature 0 is
+    refused.
     """
     kwargs = _template_kwargs(chat_template_kwargs)
     chat = chat or system_prompt is not None or kwargs is not None
@@ -57,8 +79,12 @@ def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: f
     named: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                              "top_p": top_p}
     _merge_named(named, params)
+    n = _samples(samples, params)
+    if why := greedy_refusal(n, named["temperature"]):
+        raise InputError("--samples", None, why)
     return SamplingSpec(**named, params=params, chat=chat, system_prompt=system_prompt,
-                        chat_template_kwargs=kwargs, drop_unsupported=drop_unsupported)
+                        chat_template_kwargs=kwargs, drop_unsupported=drop_unsupported,
+                        samples=n)
 
 
 def resumed_sampling(store: Store, job: str, given: SamplingSpec) -> SamplingSpec:

@@ -25,7 +25,10 @@ from typing import IO, Any
 import orjson
 
 from config.settings import S3Settings
+from producer.keep import KeepColumns
+from producer.options import greedy_refusal
 from producer.sources import Part, list_parts
+from workers.dataset.samples import row_samples
 from workers.engine.sampling import SamplingError, check_row_params, translate
 from workers.errors import InputError
 
@@ -48,6 +51,12 @@ class ReadOptions:
     job_params: dict[str, Any] = field(default_factory=dict)
     # Row parameter keys never sent, with how many rows carried each (filled while reading).
     dropped: Counter[str] = field(default_factory=Counter)
+    # --samples N: the job's samples per prompt, and its temperature (N > 1 at temperature 0
+    # is refused per row too, where a row's own n or temperature makes it so).
+    samples: int = 1
+    temperature: Any = None
+    # --keep-columns (producer/keep.py): which input columns ride along, and their types.
+    keep: KeepColumns | None = None
     _chat_checked: bool = field(default=False, init=False, repr=False)
 
     def check_chat_row(self) -> None:
@@ -60,8 +69,17 @@ class ReadOptions:
             self._chat_checked = True
 
     def columns(self) -> tuple[str, ...]:
-        """Columns a Parquet reader needs."""
+        """Columns the fleet reads itself (a Parquet reader needs them)."""
         return (self.prompt_column, self.messages_column, self.id_column, "custom_id", "body")
+
+    def check_samples(self, row: dict[str, Any]) -> None:
+        """SamplingError for a row that asks for N > 1 samples at temperature 0."""
+        params = row.get("params") or {}
+        n = row_samples(params, self.samples)
+        if n > 1 and ("n" in params or "temperature" in params):
+            why = greedy_refusal(n, params.get("temperature", self.temperature))
+            if why:
+                raise SamplingError("n", f"asks for {why}")
 
 
 def _check_messages(messages: Any, column: str) -> str | None:
@@ -113,7 +131,10 @@ def normalize(obj: Any, index: int, where: str, opts: ReadOptions | None = None
     body = isinstance(obj.get("body"), dict)  # OpenAI batch line
     fields = _prompt_fields(obj["body"] if body else obj, opts, body)
     if isinstance(fields, str):
-        return {"index": index, "id": rid, "error": f"{where}: {fields}"}
+        bad = {"index": index, "id": rid, "error": f"{where}: {fields}"}
+        if opts.keep is not None:
+            bad["keep"] = opts.keep.take(obj)
+        return bad
     row = {"index": index, "id": rid, **fields}
     if "messages" in fields and opts.job_params:
         opts.check_chat_row()
@@ -121,6 +142,8 @@ def normalize(obj: Any, index: int, where: str, opts: ReadOptions | None = None
         params = _params(obj["body"], opts.chat or "messages" in fields, opts)
         if params:
             row["params"] = params
+    if opts.keep is not None:
+        row["keep"] = opts.keep.take(obj)
     return row
 
 
@@ -142,7 +165,9 @@ def read_jsonl(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict[s
                 except orjson.JSONDecodeError as exc:
                     raise InputError(part.name, line_no, f"not valid JSON ({exc})") from exc
                 try:
-                    yield normalize(obj, index, f"line {line_no}", opts)
+                    row = normalize(obj, index, f"line {line_no}", opts)
+                    opts.check_samples(row)
+                    yield row
                 except SamplingError as exc:
                     raise _refused(exc, part.name, line_no) from None
                 index += 1
@@ -159,6 +184,9 @@ def read_parquet(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict
         with part.open() as fh:
             pf = pq.ParquetFile(fh)
             wanted = opts.columns()
+            if opts.keep is not None:
+                opts.keep.parquet_schema(pf.schema_arrow, wanted)
+                wanted = wanted + tuple(opts.keep.names(pf.schema_arrow.names, wanted))
             columns = [c for c in pf.schema_arrow.names if c in wanted]
             if not set(columns) & {opts.prompt_column, opts.messages_column, "body"}:
                 raise InputError(part.name, None, f"no {opts.prompt_column!r}, "
@@ -169,7 +197,9 @@ def read_parquet(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict
                     obj = {k: v for k, v in obj.items() if v is not None}
                     where = f"row {index - start}"
                     try:
-                        yield normalize(obj, index, where, opts)
+                        row = normalize(obj, index, where, opts)
+                        opts.check_samples(row)
+                        yield row
                     except SamplingError as exc:
                         raise _refused(exc, part.name, None, f"{where}: ") from None
                     index += 1

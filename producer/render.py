@@ -41,6 +41,9 @@ def enqueue_summary(console: Console, report: EnqueueReport) -> None:
         f"job {s.name} {verb}: {s.total:,} prompts in {s.n_batches:,} batches of {s.batch_size}; "
         f"enqueued {report.enqueued}, already done {report.already_done}, "
         f"already pending {report.already_pending}", soft_wrap=True)
+    if s.expected_samples != s.total:
+        console.print(f"{s.expected_samples:,} samples in all (one row per prompt and sample)",
+                      soft_wrap=True)
     if report.bad_rows:
         console.print(f"quarantined {len(report.bad_rows)} bad rows (stored with their "
                       f"reason), first: {report.bad_rows[0]}", soft_wrap=True)
@@ -77,6 +80,9 @@ def status_table(st: dict[str, Any]) -> Group:
     done_pct = 100 * finished / max(st["total"], 1)
     for k, v in (
         ("progress", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
+        *([("prompts done (every sample stored)",
+            f"{st['prompts_done']:,}/{st['prompts']:,}")]
+          if st.get("prompts") not in (None, st["total"]) else []),
         ("completed / failed / quarantined / truncated",
          f"{st['completed']:,} / {st['failed']:,} / {st.get('quarantined', 0):,} / "
          f"{st['truncated']:,}"),
@@ -97,7 +103,8 @@ def verify_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"verify {report['job']}", show_header=False)
     table.add_column("k")
     table.add_column("v")
-    for k in ("expected", "rows", "unique", "duplicates", "missing", "misplaced", "failed",
+    for k in ("expected", "prompts", "samples", "rows", "unique", "duplicates", "missing",
+              "misplaced", "failed",
               "quarantined", "truncated"):
         table.add_row(k, f"{report.get(k, 0):,}")
     table.add_row("ok", "yes" if report["ok"] else "NO")

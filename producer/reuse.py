@@ -10,7 +10,9 @@ it is now on disk, are reused (an edited profile under the same name, a worker r
 another profile, or a row from before digests were recorded is regenerated). Failed rows are
 never reused. Repeated prompts are
 matched one to one, in order, over the whole job, so the same old completion is never copied
-twice and a re-run of ``enqueue`` assigns the same rows.
+twice and a re-run of ``enqueue`` assigns the same rows. Samples are matched one by one too:
+each (prompt, sample) has its own key, since its effective sampling includes the seed derived
+for that sample (workers/dataset/samples.py).
 
 A batch whose every row is covered is written straight to the store as a result (rows
 re-keyed to the new job, ``reused_from`` set) and is never enqueued; a batch only partly
@@ -42,6 +44,7 @@ from workers.dataset.jobs import (
     result_key,
 )
 from workers.dataset.manifest import launch_digest, row_bucket
+from workers.dataset.samples import row_samples, row_unit, unit_key
 from workers.dataset.sink import prefetched, stored_batches
 from workers.dataset.store import Store
 from workers.delivery import jobstate, ownership, whereabouts
@@ -70,10 +73,11 @@ class ReuseReport:
                 f"{self.partial_batches} partly pre-filled")
 
 
-def content_key(spec: JobSpec, row: PromptRow) -> bytes:
-    """Identity of a request: prompt or messages plus its effective sampling parameters."""
+def content_key(spec: JobSpec, row: PromptRow, sample: int = 0) -> bytes:
+    """Identity of a request: prompt or messages plus its effective sampling parameters
+    (for a sample of several, its own derived seed among them)."""
     doc = {"prompt": row.prompt, "messages": row.messages,
-           "sampling": dataclasses.asdict(sampling_for(spec, row))}
+           "sampling": dataclasses.asdict(sampling_for(spec, row, sample))}
     return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).digest()[:20]
 
 
@@ -82,14 +86,16 @@ class SourceRows:
 
     def __init__(self, store: Store, spec: JobSpec, digest: str) -> None:
         self.store, self.spec, self.digest = store, spec, digest
-        self._where: dict[bytes, deque[tuple[int, int]]] = defaultdict(deque)
-        self._cache: OrderedDict[int, dict[int, dict[str, Any]]] = OrderedDict()
+        self._where: dict[bytes, deque[tuple[int, tuple[int, int]]]] = defaultdict(deque)
+        self._cache: OrderedDict[int, dict[tuple[int, int], dict[str, Any]]] = OrderedDict()
         for batch, inputs, results in prefetched(self._load, stored_batches(store, spec.name)):
-            ok = {r["index"] for r in results
+            ok = {row_unit(r) for r in results
                   if r.get("status") == "ok" and r.get("launch_digest") == digest}
             for row in inputs:
-                if row.index in ok:
-                    self._where[content_key(spec, row)].append((batch, row.index))
+                for sample in range(row_samples(row.params, spec.sampling.samples)):
+                    if (row.index, sample) in ok:
+                        self._where[content_key(spec, row, sample)].append(
+                            (batch, (row.index, sample)))
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._where.values())
@@ -98,38 +104,48 @@ class SourceRows:
         results = decode_rows(self.store.get(result_key(self.spec.name, batch)))
         return batch, load_batch_input(self.store, self.spec.name, batch), results
 
-    def _results(self, batch: int) -> dict[int, dict[str, Any]]:
+    def _results(self, batch: int) -> dict[tuple[int, int], dict[str, Any]]:
         if batch not in self._cache:
             raw = self.store.get(result_key(self.spec.name, batch))
-            self._cache[batch] = {x["index"]: x for x in decode_rows(raw)}
+            self._cache[batch] = {row_unit(x): x for x in decode_rows(raw)}
             while len(self._cache) > CACHED_BATCHES:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(batch)
         return self._cache[batch]
 
-    def take(self, key: bytes) -> tuple[int, int] | None:
-        """Claim the next unused source row with this key: (batch, index), or None."""
+    def take(self, key: bytes) -> tuple[int, tuple[int, int]] | None:
+        """Claim the next unused source row with this key: (batch, (index, sample)), or
+        None."""
         found = self._where.get(key)
         return found.popleft() if found else None
 
-    def row(self, where: tuple[int, int]) -> dict[str, Any]:
-        """The stored result row at (batch, index)."""
+    def row(self, where: tuple[int, tuple[int, int]]) -> dict[str, Any]:
+        """The stored result row at (batch, (index, sample))."""
         return self._results(where[0])[where[1]]
 
 
-def _rekey(old: dict[str, Any], spec: JobSpec, batch: int, row: PromptRow, source: str
-           ) -> dict[str, Any]:
-    return {**old, "job": spec.name, "batch": batch, "index": row.index, "id": row.id,
-            "prompt": row.prompt, "messages": row.messages, "reused_from": source}
+def _rekey(old: dict[str, Any], spec: JobSpec, batch: int, row: PromptRow, sample: int,
+           source: str) -> dict[str, Any]:
+    out = {**old, "job": spec.name, "batch": batch, "index": row.index, "sample": sample,
+           "id": row.id, "prompt": row.prompt, "messages": row.messages,
+           "reused_from": source}
+    out.pop("keep", None)
+    if row.keep is not None:
+        out["keep"] = row.keep  # the new job's kept columns, not the old one's
+    return out
 
 
-def _quarantined(spec: JobSpec, batch: int, row: PromptRow, profile: str) -> dict[str, Any]:
+def _quarantined(spec: JobSpec, batch: int, row: PromptRow, sample: int, profile: str
+                 ) -> dict[str, Any]:
     """The failed row a worker would write for a row quarantined at read time."""
-    return {"job": spec.name, "batch": batch, "index": row.index, "id": row.id,
-            "prompt": row.prompt, "messages": row.messages, "completion": None,
-            "reasoning": None, "finish_reason": None, "prompt_tokens": 0,
-            "completion_tokens": 0, "latency_s": None, "status": "failed", "error": row.error,
-            "profile": profile, "gpu": None, "node": REUSE_NODE, "launch_digest": None}
+    out = {"job": spec.name, "batch": batch, "index": row.index, "sample": sample,
+           "id": row.id, "prompt": row.prompt, "messages": row.messages, "completion": None,
+           "reasoning": None, "finish_reason": None, "prompt_tokens": 0,
+           "completion_tokens": 0, "latency_s": None, "status": "failed", "error": row.error,
+           "profile": profile, "gpu": None, "node": REUSE_NODE, "launch_digest": None}
+    if row.keep is not None:
+        out["keep"] = row.keep
+    return out
 
 
 def _prefill(store: Store, r: redis.Redis, job: str, batch: int,
@@ -144,7 +160,7 @@ def _prefill(store: Store, r: redis.Redis, job: str, batch: int,
     chunk = spill_rows(store, job, batch, f"{REUSE_NODE}-{token[-12:]}", rows).encode()
     scratch = [f"{keys.job}:reuse:scratch:{n}" for n in range(3)]
     args = jobstate.record_args(batch, REUSE_NODE, token, [
-        (x["index"], chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
+        (unit_key(*row_unit(x)), chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
     r.register_script(jobstate.RECORD_ROWS)(
         keys=[keys.progress(batch), keys.stats, keys.done, *scratch, keys.owner(batch),
               keys.bstats, keys.job], args=args)
@@ -174,17 +190,19 @@ def apply_reuse(store: Store, r: redis.Redis, spec: JobSpec, source: str,
     todo = _open_batches(store, r, spec)
     for batch in range(spec.n_batches):
         rows = load_batch_input(store, spec.name, batch)
-        hits = {row.index: w for row in rows
-                if not row.error and (w := src.take(content_key(spec, row))) is not None}
+        units = [(row, s) for row in rows
+                 for s in range(row_samples(row.params, spec.sampling.samples))]
+        hits = {(row.index, s): w for row, s in units
+                if not row.error and (w := src.take(content_key(spec, row, s))) is not None}
         if batch not in todo or not hits:
             continue
-        reused = [_rekey(src.row(hits[row.index]), spec, batch, row, source)
-                  for row in rows if row.index in hits]
+        reused = [_rekey(src.row(hits[(row.index, s)]), spec, batch, row, s, source)
+                  for row, s in units if (row.index, s) in hits]
         report.rows += len(reused)
-        if all(row.error or row.index in hits for row in rows):
-            by_index = {x["index"]: x for x in reused}
-            full = [by_index.get(row.index) or _quarantined(spec, batch, row, profile)
-                    for row in rows]
+        if all(row.error or (row.index, s) in hits for row, s in units):
+            by_unit = {row_unit(x): x for x in reused}
+            full = [by_unit.get((row.index, s)) or _quarantined(spec, batch, row, s, profile)
+                    for row, s in units]
             store.put(result_key(spec.name, batch), encode_rows(full, compress=False))
             report.batches += 1
         else:

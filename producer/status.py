@@ -34,6 +34,12 @@ def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[floa
     return rows / span, tokens / span
 
 
+def _prompts_done(r: redis.Redis, spec: JobSpec, keys: jobstate.Keys) -> int:
+    """Prompts of the batches stored with every sample."""
+    done = {int(b) for b in r.smembers(keys.done)}
+    return sum(len(spec.batch_range(b)) for b in done if 0 <= b < spec.n_batches)
+
+
 def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
                ) -> dict[str, Any]:
     """One JSON-able object with the job's progress (keys are a contract for scripts);
@@ -50,10 +56,16 @@ def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
         rate, tok_rate = p["finished"] / span, c["output_tokens"] / span
     else:
         rate, tok_rate = _rates(r, keys, p["started_at"])
-    remaining = max(spec.total - p["finished"], 0)
+    # Counters count (prompt, sample) rows: with N samples per prompt, the total is every sample.
+    total, finished = spec.expected_samples, p["finished"]
+    remaining = max(total - finished, 0)
     eta_h = 0.0 if done else (remaining / rate / 3600 if rate > 0 else None)
     return {
-        "job": spec.name, "total": spec.total, "completed": c["completed"],
+        "job": spec.name, "total": total, "completed": c["completed"],
+        # Progress in samples (the counters above) and in prompts: a prompt is done once its
+        # batch is stored with every sample (prompts of batches still running are not).
+        "samples": total, "samples_done": finished, "prompts": spec.total,
+        "prompts_done": _prompts_done(r, spec, keys) if not done else spec.total,
         "failed": c["failed"], "truncated": c["truncated"],
         "quarantined": c["quarantined"], "remaining": remaining,
         "state": p["state"],

@@ -22,6 +22,7 @@ from config.launch_profile import load_profile
 from producer.localfleet import free_port
 from workers.context import WorkerIdentity
 from workers.dataset.jobs import encode_rows, result_key
+from workers.dataset.samples import parse_unit_key
 from workers.dataset.store import open_store
 from workers.delivery import jobstate, lease, ownership, whereabouts
 from workers.delivery.gate import ConsumerGate
@@ -163,7 +164,8 @@ def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis,
         finally:
             r.client_unpause()
         await rec.flush()
-        chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("fl").progress(0)).items()}
+        raw = r.hgetall(jobstate.Keys("fl").progress(0))
+        chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
         assert [x["index"] for x in read_progress(store, "fl", 0, chunks)] == [0, 1, 2]
         r.set(jobstate.Keys("fl").owner(0), "another run")
         rec.add(_row("fl", 0, 3))
@@ -380,6 +382,7 @@ def test_a_forced_flush_beside_the_flusher_never_reuses_a_chunk(r: redis.Redis,
         await ar.aclose()
 
     asyncio.run(scenario())
-    chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("cf").progress(0)).items()}
+    raw = r.hgetall(jobstate.Keys("cf").progress(0))
+    chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
     assert len(set(chunks.values())) == 2
     assert [x["index"] for x in read_progress(store, "cf", 0, chunks)] == list(range(6))

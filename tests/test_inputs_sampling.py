@@ -52,11 +52,14 @@ def test_openai_names_map_to_sglang_keywords():
 @pytest.mark.parametrize(("params", "chat", "match", "droppable"), [
     ({"echo": True}, False, "'echo' is not a sampling parameter", True),
     ({"best_of": 2}, True, "'best_of' is not a sampling parameter", True),
-    ({"n": 4}, False, "'n' is 4: the fleet keeps one answer", False),
+    ({"n": 0}, False, "'n' is 0: the samples per prompt must be at least 1", False),
     ({"top_k": "20"}, False, "'top_k' must be an integer, got '20'", False),
     ({"temperature": None}, False, "'temperature' must be a number", False),
     ({"ignore_eos": 1}, False, "'ignore_eos' must be true or false", False),
-    ({"json_schema": "{}"}, True, "'json_schema' has no equivalent in a chat request", True),
+    ({"structural_tag": "{}"}, True, "'structural_tag' has no equivalent in a chat request",
+     True),
+    ({"tools": {"f": 1}}, True, "'tools' must be a list of tool definitions", False),
+    ({"regex": "a+", "ebnf": "x"}, False, "takes one of json_schema, regex or ebnf", False),
     ({"chat_template_kwargs": {}}, False, "applies to chat requests only", True),
     ({"top_p": 0}, False, r"'top_p' must be in \(0, 1\], got 0", False),
     ({"presence_penalty": 2.5}, False, r"'presence_penalty' must be in \[-2, 2\]", False),
@@ -99,10 +102,13 @@ def test_the_drop_flag_drops_unsupported_keys_and_counts_them(tmp_path):
     assert opts.dropped == {"echo": 2, "best_of": 1, "user": 2}
 
 
-def test_n_above_one_is_refused_even_with_the_drop_flag(tmp_path):
-    src = _jsonl(tmp_path / "in.jsonl", [_batch_line("a", prompt="p", n=8)])
-    with pytest.raises(InputError, match=r"in\.jsonl:1: sampling key 'n' is 8"):
+def test_n_samples_at_temperature_0_are_refused_even_with_the_drop_flag(tmp_path):
+    src = _jsonl(tmp_path / "in.jsonl", [_batch_line("a", prompt="p", n=8, temperature=0)])
+    with pytest.raises(InputError, match=r"in\.jsonl:1: sampling key 'n' asks for 8 samples "
+                       "per prompt at temperature 0"):
         list(read_rows(src, ReadOptions(drop_unsupported=True)))
+    src = _jsonl(tmp_path / "ok.jsonl", [_batch_line("a", prompt="p", n=8)])
+    assert [r["params"] for r in read_rows(src, ReadOptions())] == [{"n": 8}]
 
 
 def test_refusals_are_one_line_from_the_command(fleet_env, tmp_path, r):
@@ -222,7 +228,8 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
     assert spec.sampling.model_dump() == {
         "max_new_tokens": None, "temperature": None, "top_p": None, "params": {"top_k": 20},
         "chat": True, "system_prompt": "Be brief.",
-        "chat_template_kwargs": {"enable_thinking": False}, "drop_unsupported": False}
+        "chat_template_kwargs": {"enable_thinking": False}, "drop_unsupported": False,
+        "samples": 1}
     # The logprobs the rows asked for are kept (as the engine's JSON), one per output token.
     store = open_store(fleet_env["FLEET_STORE_URL"])
     _, _, rows, _ = batch_rows(store, "oai", 0)
@@ -246,9 +253,9 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
 def test_a_job_key_a_chat_request_cannot_carry_is_refused_at_the_first_chat_row(tmp_path):
     src = _jsonl(tmp_path / "in.jsonl", [{"prompt": "p"},
                                          {"messages": [{"role": "user", "content": "x"}]}])
-    opts = ReadOptions(job_params={"json_schema": "{}"})
-    with pytest.raises(InputError, match=r"in\.jsonl:2: sampling key 'json_schema' \(--sampling\) "
-                                         r"has no equivalent in a chat request$"):
+    opts = ReadOptions(job_params={"structural_tag": "{}"})
+    with pytest.raises(InputError, match=r"in\.jsonl:2: sampling key 'structural_tag' "
+                                         r"\(--sampling\) has no equivalent in a chat request$"):
         list(read_rows(src, opts))
     assert list(read_rows(src, ReadOptions(job_params={"top_k": 5})))[1]["messages"]
 

@@ -18,6 +18,7 @@ from workers.dataset.jobs import (
     result_key,
 )
 from workers.dataset.manifest import launch_digest
+from workers.dataset.samples import parse_unit_key
 from workers.dataset.store import LocalStore
 from workers.delivery import jobstate
 from workers.delivery.progress import read_progress
@@ -102,7 +103,8 @@ def test_reuse_needs_same_sampling_and_profile_and_matches_repeats_once(tmp_path
     new = make_job(store, "dst", rows, batch_size=10, missing=(0,))
     report = apply_reuse(store, r, new, "src", "qwen36-27b")
     assert (report.rows, report.batches, report.partial_batches) == (3, 0, 1)
-    chunks = {int(i): c.decode() for i, c in r.hgetall(jobstate.Keys("dst").progress(0)).items()}
+    raw = r.hgetall(jobstate.Keys("dst").progress(0))
+    chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
     got = {x["index"]: x for x in read_progress(store, "dst", 0, chunks)}
     assert sorted(got) == [0, 1, 3]  # two of three repeats: src has two finished copies
     assert {got[0]["completion"], got[1]["completion"]} == {"answer to p0", "answer to p0b"}
@@ -147,3 +149,52 @@ def test_reuse_matches_the_launch_digest_not_the_profile_name(tmp_path, r):
     assert apply_reuse(store, r, dst, "src", "qwen36-27b").rows == len(rows)
     with pytest.raises(JobError, match="launch profile 'nope' not found"):
         apply_reuse(store, r, dst, "src", "nope")
+
+
+def test_reuse_works_per_sample(tmp_path, r):
+    """Each (prompt, sample) of the new job reuses the same sample of the old one (its own
+    derived seed is part of the match); a sample the old job never drew is generated."""
+    from tests.test_sink import fake_result
+
+    store = LocalStore(tmp_path / "store")
+    three = SamplingSpec(max_new_tokens=64, temperature=0.8, samples=3)
+    src = make_job(store, "src3", prompt_rows(4), batch_size=10, missing=(0,), sampling=three)
+    rows = []
+    for row in prompt_rows(4):
+        for s in range(3):
+            rows.append({**fake_result(src, 0, row, fail=lambda i: False), "sample": s,
+                         "completion": f"answer {row.index}/{s}"})
+    store.put(result_key("src3", 0), encode_rows(rows, compress=False))
+    same = make_job(store, "dst3", prompt_rows(4), batch_size=10, missing=(0,), sampling=three)
+    report = apply_reuse(store, r, same, "src3", "qwen36-27b")
+    assert (report.rows, report.batches) == (12, 1)
+    got = decode_rows(store.get(result_key("dst3", 0)))
+    assert [(x["index"], x["sample"], x["completion"]) for x in got] == [
+        (i, s, f"answer {i}/{s}") for i in range(4) for s in range(3)]
+    four = three.model_copy(update={"samples": 4})
+    more = make_job(store, "dst4", prompt_rows(4), batch_size=10, missing=(0,), sampling=four)
+    report = apply_reuse(store, r, more, "src3", "qwen36-27b")
+    assert (report.rows, report.batches, report.partial_batches) == (12, 0, 1)
+    fields = {parse_unit_key(k) for k in r.hkeys(jobstate.Keys("dst4").progress(0))}
+    assert fields == {(i, s) for i in range(4) for s in range(3)}  # sample 3 is generated
+
+
+def test_requeue_failed_redoes_the_failed_samples_only(tmp_path, r, redis_server):
+    """A prompt with one failed sample of three: requeue-failed reopens that sample alone; the
+    other two stay recorded in the batch's progress, so the worker sends one request."""
+    from celery import Celery
+
+    from producer.requeue import requeue_failed
+    from tests.test_sink import fake_result
+
+    store = LocalStore(tmp_path / "store")
+    three = SamplingSpec(max_new_tokens=64, temperature=0.8, samples=3)
+    spec = make_job(store, "rq3", prompt_rows(4), batch_size=10, missing=(0,), sampling=three)
+    rows = [{**fake_result(spec, 0, row, fail=lambda i: False), "sample": s}
+            for row in prompt_rows(4) for s in range(3)]
+    rows[4] = {**rows[4], "status": "failed", "error": "engine said no", "completion": None}
+    store.put(result_key("rq3", 0), encode_rows(rows, compress=False))
+    report = requeue_failed(store, r, Celery("t", broker=redis_server.url), spec, False, None)
+    assert report.rows == 1 and not store.exists(result_key("rq3", 0))
+    fields = {parse_unit_key(k) for k in r.hkeys(jobstate.Keys("rq3").progress(0))}
+    assert fields == {(i, s) for i in range(4) for s in range(3)} - {(1, 1)}

@@ -70,3 +70,22 @@ def test_no_radix_is_chosen_with_its_prefill_cost_only_when_prompts_share_little
     assert not shared["chosen"].startswith("no_radix")
     no_radix = next(o for o in shared["options"] if o["name"] == "no_radix")
     assert not no_radix["eligible"] and "share prefixes" in no_radix["note"]
+
+
+def test_samples_count_as_running_requests_and_block_the_no_radix_lever() -> None:
+    """A job of N samples per prompt: without the radix cache each sample prefills its prompt
+    again, so the lever that was chosen at a 2 % hit rate is not, and its cost counts the
+    repeated prefill; the worker's supply counts every sample as a running request."""
+    snap = _with_hit_rate(0.02)
+    snap["job"] = {**(snap.get("job") or {}), "name": "s", "samples_per_prompt": 8}
+    rec = diagnose(snap).to_json()["recommendation"]
+    assert not rec["chosen"].startswith("no_radix")
+    no_radix = next(o for o in rec["options"] if o["name"] == "no_radix")
+    assert not no_radix["eligible"] and "samples each prompt 8 times" in no_radix["note"]
+    from workers.tune.levers import Situation
+
+    sit = Situation({}, 16, 8192, None, 0.02, 0.1, 0.8, 0.0, None,  # type: ignore[arg-type]
+                    samples_per_prompt=8)
+    assert sit.no_radix_cost() == pytest.approx(0.7)  # 7 more prefills of a 10 % share
+    one = Situation({}, 16, 8192, None, 0.02, 0.1, 0.8, 0.0, None)  # type: ignore[arg-type]
+    assert one.no_radix_cost() == pytest.approx(0.002)

@@ -2,6 +2,13 @@
 
 Prompts already answered (the batch's progress hash in Redis) are not sent again, so a
 redelivered batch or a restarted engine only costs the prompts that were in flight.
+
+A prompt with N samples is N units of work, each sent as its own request (with its own seed,
+workers/prompt_sampling.py) and recorded once under its (index, sample) key. Before its
+samples go, the prompt is prefilled once with a request that generates nothing, as SGLang's own
+parallel sampling does (``TokenizerManager._handle_batch_request`` sends each prompt with
+``max_new_tokens = 0`` to cache the common prefix, then the ``n`` copies): the samples then
+find the prompt in the radix cache and cost one prefill between them.
 Per-prompt errors become failed rows with a reason; an engine that stays down hands the batch
 back to the queue.
 
@@ -21,6 +28,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -28,6 +36,7 @@ from redis.exceptions import RedisError
 from workers import sink_task
 from workers.aio import cancel_and_wait
 from workers.dataset.jobs import JobSpec, PromptRow, encode_rows, result_key
+from workers.dataset.samples import parse_unit_key, row_samples, row_unit, unit_key
 from workers.delivery import jobstate
 from workers.delivery.crashes import CrashTracker
 from workers.delivery.gpu_share import GpuShare
@@ -49,6 +58,39 @@ log = logging.getLogger(__name__)
 
 SHARE_INTERVAL_S = 0.1  # well inside the time the engine's queue (the headroom) lasts
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class Unit:
+    """One (prompt, sample) of a batch: what one request generates and one row stores."""
+
+    row: PromptRow
+    sample: int = 0
+    samples: int = 1  # the prompt's samples in all
+
+    @property
+    def index(self) -> int:
+        """The prompt's index in the job."""
+        return self.row.index
+
+    @property
+    def key(self) -> str:
+        """Its field in the batch's progress hash."""
+        return unit_key(self.row.index, self.sample)
+
+    @property
+    def error(self) -> str | None:
+        """Why the prompt was quarantined when it was read (None: it can be sent)."""
+        return self.row.error
+
+
+def units_of(spec: JobSpec, rows: list[PromptRow]) -> list[Unit]:
+    """Every (prompt, sample) of ``rows``, prompt by prompt."""
+    out = []
+    for row in rows:
+        n = row_samples(row.params, spec.sampling.samples)
+        out += [Unit(row, s, n) for s in range(n)]
+    return out
 
 
 class HandBack(EngineError):
@@ -90,8 +132,9 @@ class BatchRunner:
         self.crashes = CrashTracker(env.redis, spec.name, env.me.node, s.poison_crashes)
         self.client = EngineClient(f"http://{s.engine_host}:{env.me.port}",
                                    s.request_timeout_s, 1024)
-        self.in_flight: set[int] = set()
-        self.remaining = 0  # prompts of this run without an outcome yet: the batch's claim
+        self.in_flight: set[str] = set()  # unit keys: every sample is a running request
+        self.remaining = 0  # units of this run without an outcome yet: the batch's claim
+        self._warm: dict[int, asyncio.Future[None]] = {}  # prompt index -> its prefill
         self.budget = 0  # requests in flight on this GPU, shared with its other batches
         self.limiter = Limiter(0)
         self._tag = f"{spec.name}/{batch}"
@@ -108,7 +151,7 @@ class BatchRunner:
     # --- the engine going away ---------------------------------------------------------
     async def _poll_engine(self) -> bool:
         """Wait until healthy; True if the engine crashed (and was restarted) meanwhile."""
-        suspects = sorted(self.in_flight)
+        suspects = sorted({parse_unit_key(k)[0] for k in self.in_flight})
         end = time.monotonic() + self.env.settings.engine_wait_s
         # A probe that hangs (a port held by something that never answers) must not stretch
         # the wait: each probe gets at most what is left of it.
@@ -128,6 +171,7 @@ class BatchRunner:
             # The engine may be back with another cap (a relaunch with a new profile).
             self.budget = await self._concurrency()
         if crashed:
+            self._warm.clear()  # a restarted engine's cache is empty: prefill again
             log.warning("engine on GPU %d crashed with %d prompts of batch %d in flight",
                         self.env.me.gpu, len(suspects), self.batch)
         return crashed
@@ -139,27 +183,45 @@ class BatchRunner:
         return await asyncio.shield(self._engine_wait)
 
     # --- one prompt ---------------------------------------------------------------------
-    async def _attempt(self, row: PromptRow) -> Completion | str | EngineUnavailable:
+    async def _prefill_once(self, unit: Unit) -> None:
+        """Prefill a prompt of several samples once before they go (see the module
+        docstring); its samples wait for it. A failed prefill is only a lost saving: each
+        sample's own request meets the same error and handles it."""
+        fut = self._warm.get(unit.index)
+        if fut is None:
+            row = unit.row
+            fut = asyncio.ensure_future(self.client.prefill(
+                row.prompt, row.messages, sampling_for(self.spec, row, 0)))
+            self._warm[unit.index] = fut
+        try:
+            await asyncio.shield(fut)
+        except (EngineError, OSError):
+            pass
+
+    async def _attempt(self, unit: Unit) -> Completion | str | EngineUnavailable:
         """A completion, a rejection reason (quarantine), or the engine error to handle."""
         self.sent += 1
+        row = unit.row
         try:
+            if unit.samples > 1:
+                await self._prefill_once(unit)
             return await self.client.complete(row.prompt, row.messages,
-                                              sampling_for(self.spec, row))
+                                              sampling_for(self.spec, row, unit.sample))
         except PromptRejected as exc:
             return str(exc)
         except EngineUnavailable as exc:
             return exc
 
-    async def _one(self, row: PromptRow, sem: Limiter) -> bool:
-        """Send one prompt until it has an outcome; False if a crash made it a suspect."""
+    async def _one(self, unit: Unit, sem: Limiter) -> bool:
+        """Send one sample until it has an outcome; False if a crash made it a suspect."""
         async with sem:
-            self.in_flight.add(row.index)
+            self.in_flight.add(unit.key)
             try:
-                return await self._until_outcome(row)
+                return await self._until_outcome(unit)
             finally:
-                self.in_flight.discard(row.index)
+                self.in_flight.discard(unit.key)
 
-    async def _until_outcome(self, row: PromptRow) -> bool:
+    async def _until_outcome(self, row: Unit) -> bool:
         attempt = 0
         while True:
             got = await self._attempt(row)
@@ -178,8 +240,9 @@ class BatchRunner:
                 return True
             await asyncio.sleep(backoff_s(attempt, self.policy))
 
-    def _record(self, row: PromptRow, done: Completion | None, error: str | None) -> None:
-        self.recorder.add(result_row(self.spec, self.batch, row, self.env, done, error))
+    def _record(self, unit: Unit, done: Completion | None, error: str | None) -> None:
+        self.recorder.add(result_row(self.spec, self.batch, unit.row, self.env, done, error,
+                                     unit.sample))
         self.remaining -= 1
 
     # --- phases -------------------------------------------------------------------------
@@ -192,13 +255,13 @@ class BatchRunner:
         cap = await self.client.running_cap() or 64
         return math.ceil(cap * s.client_headroom) + 1
 
-    async def _send(self, rows: list[PromptRow], sem: Limiter) -> list[PromptRow]:
-        """Send rows within ``sem``; return those set aside by a crash."""
+    async def _send(self, rows: list[Unit], sem: Limiter) -> list[Unit]:
+        """Send units within ``sem``; return those set aside by a crash."""
         outcomes = await gather_or_cancel([self._one(row, sem) for row in rows])
         return [row for row, ok in zip(rows, outcomes, strict=True) if not ok]
 
-    async def _quarantine_poisoned(self, rows: list[PromptRow]) -> list[PromptRow]:
-        counts = await self.crashes.counts([r.index for r in rows])
+    async def _quarantine_poisoned(self, rows: list[Unit]) -> list[Unit]:
+        counts = await self.crashes.counts(sorted({r.index for r in rows}))
         keep = []
         for row in rows:
             if counts[row.index] >= self.crashes.threshold:
@@ -208,7 +271,7 @@ class BatchRunner:
                 keep.append(row)
         return keep
 
-    async def _isolate(self, suspects: list[PromptRow]) -> None:
+    async def _isolate(self, suspects: list[Unit]) -> None:
         """Bisect suspects: send a group; if the engine crashes again, split what is left.
         Each group runs with the engine to itself (the GPU's other batches wait), so a crash
         is blamed on this batch's prompts only when they caused it."""
@@ -241,14 +304,14 @@ class BatchRunner:
                 return
             await asyncio.sleep(SHARE_INTERVAL_S)
 
-    async def _pending_rows(self) -> list[PromptRow]:
+    async def _pending_rows(self) -> list[Unit]:
         keys = jobstate.Keys(self.spec.name)
         have = set(await self.env.redis.hkeys(keys.progress(self.batch)))
         deaths = int(await self.env.redis.hget(keys.child_deaths, self.batch) or 0)
         limit = self.env.settings.batch_child_deaths
         todo = []
-        for row in self.rows:
-            if str(row.index).encode() in have:
+        for row in units_of(self.spec, self.rows):
+            if row.key.encode() in have:
                 continue
             if row.error:
                 self._record(row, None, row.error)
@@ -260,9 +323,9 @@ class BatchRunner:
         await self.recorder.flush()
         return todo
 
-    async def _generate(self, todo: list[PromptRow]) -> None:
+    async def _generate(self, todo: list[Unit]) -> None:
         self._crash_restarts = await self.crashes.crash_restarts()
-        counts = await self.crashes.counts([r.index for r in todo])
+        counts = await self.crashes.counts(sorted({r.index for r in todo}))
         fresh = [r for r in todo if counts[r.index] == 0]
         suspects = [r for r in todo if counts[r.index] > 0]
         self.remaining = len(todo)
@@ -302,7 +365,7 @@ class BatchRunner:
             await self._take_share()
             await asyncio.sleep(SHARE_INTERVAL_S)
 
-    async def _phases(self, fresh: list[PromptRow], suspects: list[PromptRow]) -> None:
+    async def _phases(self, fresh: list[Unit], suspects: list[Unit]) -> None:
         if fresh:
             await self._wait_for_engine()
             self.budget = await self._concurrency()
@@ -386,10 +449,10 @@ class BatchRunner:
         raw = await self.env.redis.hgetall(jobstate.Keys(self.spec.name).progress(self.batch))
         rows = await asyncio.to_thread(
             read_progress, self.env.store, self.spec.name, self.batch,
-            {int(i): c.decode() for i, c in raw.items()})
-        expected = [r.index for r in self.rows]
-        if [r["index"] for r in rows] != expected:
-            missing = sorted(set(expected) - {r["index"] for r in rows})
+            {parse_unit_key(i): c.decode() for i, c in raw.items()})
+        expected = [(u.index, u.sample) for u in units_of(self.spec, self.rows)]
+        if [row_unit(r) for r in rows] != expected:
+            missing = sorted(set(expected) - {row_unit(r) for r in rows})
             raise StoreError(f"batch {self.batch} progress lost rows {missing[:10]}")
         return rows
 

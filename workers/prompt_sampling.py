@@ -10,6 +10,7 @@ What SGLang accepts and how OpenAI's names map onto it is :mod:`workers.engine.s
 from __future__ import annotations
 
 from workers.dataset.jobs import JobSpec, PromptRow
+from workers.dataset.samples import row_samples, sample_seed
 from workers.engine.client import Sampling
 from workers.engine.sampling import Translated, route_fields, translate
 
@@ -19,16 +20,24 @@ def _ceiling(row: int | None, job: int | None) -> int | None:
     return job if row is None else row if job is None else min(row, job)
 
 
-def sampling_for(spec: JobSpec, row: PromptRow) -> Sampling:
-    """What the engine gets for ``row``: job options with the row's own on top (see above)."""
+def sampling_for(spec: JobSpec, row: PromptRow, sample: int = 0) -> Sampling:
+    """What the engine gets for sample ``sample`` of ``row``: job options with the row's own
+    on top (see above). When the row has more than one sample, each gets its own
+    ``sampling_seed`` derived from (the job's or row's seed, the prompt, the sample), so the
+    samples differ and a rerun draws them again (workers/dataset/samples.py)."""
     js = spec.sampling
     chat = row.messages is not None or js.chat
     own = translate(row.params, chat, lenient=True)
-    job = translate(js.params, chat, lenient=True).sampling
+    job_t = translate(js.params, chat, lenient=True)
+    job = job_t.sampling
+    own.chat = {**job_t.chat, **own.chat}  # e.g. --sampling json_schema=… as response_format
     for name in ("temperature", "top_p"):
         if getattr(js, name) is not None:
             job[name] = getattr(js, name)
     merged = {**job, **own.sampling}
+    if row_samples(row.params, js.samples) > 1:
+        prompt = row.messages if row.messages is not None else row.prompt
+        merged["sampling_seed"] = sample_seed(merged.get("sampling_seed"), prompt, sample)
     max_new = merged.pop("max_new_tokens", None)
     if "max_new_tokens" not in row.params:  # OpenAI's names are capped by the job's
         max_new = _ceiling(max_new, js.max_new_tokens)

@@ -24,7 +24,7 @@ from workers.dataset.jobs import batch_of_result_key, decode_rows, results_prefi
 from workers.dataset.manifest import manifest_key
 from workers.dataset.store import ObjectMissing, Store
 
-COMPARED = ("index", "batch", "status", "finish_reason", "completion", "node")
+COMPARED = ("index", "sample", "batch", "status", "finish_reason", "completion", "node")
 
 
 def stored_rows(store: Store, job: str) -> dict[int, list[dict[str, Any]]]:
@@ -154,8 +154,11 @@ def check_manifest(c: Cluster, job: str, rows: dict[int, list[dict[str, Any]]],
     if manifest is None:
         return [f"{job}: no manifest {wait_s:.0f} s after the job was done"]
     out = [] if manifest.get("complete") else [f"{job}: the manifest says complete=false"]
-    want = {x["index"]: tuple(x.get(k) for k in COMPARED) for b in rows.values() for x in b}
-    got: dict[int, tuple[Any, ...]] = {}
+    # One row per (prompt, sample): rows from before samples are sample 0, as in the data set.
+    want = {(x["index"], x.get("sample") or 0): tuple(x.get(k) or 0 if k == "sample"
+                                                      else x.get(k) for k in COMPARED)
+            for b in rows.values() for x in b}
+    got: dict[tuple[int, int], tuple[Any, ...]] = {}
     for shard in manifest.get("shards", []):
         try:
             problems, shard_rows = _shard_rows(store, shard)
@@ -163,7 +166,8 @@ def check_manifest(c: Cluster, job: str, rows: dict[int, list[dict[str, Any]]],
             out.append(f"{job}: shard {shard['key']} in the manifest is missing from the store")
             continue
         out += [f"{job}: {p}" for p in problems]
-        got.update({x["index"]: tuple(x.get(k) for k in COMPARED) for x in shard_rows})
+        got.update({(x["index"], x["sample"]): tuple(x.get(k) for k in COMPARED)
+                    for x in shard_rows})
     differ = sorted(i for i in want.keys() | got.keys() if want.get(i) != got.get(i))
     if differ:
         out.append(f"{job}: the manifest's data set differs from the stored results at "

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 REPLAY = "FLEET_SCHEDULE_SEED={seed} .venv/bin/python -m pytest tests/test_schedule.py -k replay"
 MAIN, SIDE = "main", "side"
+SIDE_SAMPLES = 3
 # A prompt longer than the engine's context: rejected, stored as a failed row (for
 # requeue-failed and the failed counters).
 TOO_LONG = "x" * 40000
@@ -322,7 +323,18 @@ def _inputs(root: Path, shape: Shape) -> dict[str, Path]:
     with main.open("ab") as fh:
         for k in range(shape.too_long):
             fh.write(orjson.dumps({"id": f"long{k}", "prompt": TOO_LONG}) + b"\n")
-    return {MAIN: main, SIDE: write_prompts(root / "side.jsonl", shape.side_prompts)}
+    side = root / "side.jsonl"  # N samples per prompt, with a kept column (issue 27)
+    with side.open("wb") as fh:
+        for i in range(shape.side_prompts):
+            fh.write(orjson.dumps({"id": f"s{i}", "prompt": f"Side question {i}: why?",
+                                   "ref": i}) + b"\n")
+    return {MAIN: main, SIDE: side}
+
+
+# The side job asks for several samples per prompt and keeps an input column: every fault and
+# the remedy (a plain re-run of enqueue, which reads the job's recorded options) apply to it.
+JOB_FLAGS = {SIDE: ["--samples", str(SIDE_SAMPLES), "--temperature", "0.7",
+                    "--keep-columns", "ref"]}
 
 
 def _do(step: Step, cluster: Cluster, inputs: dict[str, Path]) -> str:
@@ -435,6 +447,11 @@ def _check(cluster: Cluster, schedule: Schedule, inputs: dict[str, Path], out: O
         out.duplicated += int(report.get("duplicates", 0))
         rows = invariants.stored_rows(store, job)
         out.violations += invariants.check_counters(cluster, job, rows, n_batches[job])
+        if job in JOB_FLAGS:  # the kept column rides with every sample
+            wrong = sorted({x["index"] for b in rows.values() for x in b
+                            if (x.get("keep") or {}).get("ref") != x["index"]})
+            if wrong:
+                out.violations.append(f"{job}: rows without their kept 'ref': {wrong[:5]}")
         if job in unfinished:
             continue
         stuck = invariants.stranded(cluster, job, n_batches[job])
@@ -460,7 +477,7 @@ def run_schedule(schedule: Schedule, base_env: dict[str, str], root: Path,
         inputs = _inputs(root, shape)
         for job, path in inputs.items():
             res = run_producer(cluster.env, "enqueue", str(path), "--job", job, "--batch-size",
-                               str(shape.batch_size))
+                               str(shape.batch_size), *JOB_FLAGS.get(job, []))
             assert res.returncode == 0, res.stderr
         t0 = time.monotonic()  # the main job's batches were sent when its enqueue ended
         supervisor = Supervisor(cluster, lock, out.log, t0, shape.n_batches())

@@ -48,6 +48,9 @@ class SamplingSpec(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     # --drop-unsupported-sampling: row keys the engine would refuse were left out at enqueue.
     drop_unsupported: bool = False
+    # --samples N (or --sampling n=N): samples per prompt; a row's own OpenAI ``n`` wins
+    # (workers/dataset/samples.py).
+    samples: int = 1
 
 
 class JobSpec(BaseModel):
@@ -67,6 +70,21 @@ class JobSpec(BaseModel):
     created_at: float = Field(default_factory=time.time)
     # sha256 of each staged batch's uncompressed JSONL (empty for jobs staged before it).
     input_sha256: list[str] = Field(default_factory=list)
+    # Every (prompt, sample) the job generates: the sum of each row's samples (0: one per
+    # prompt, jobs from before samples).
+    total_samples: int = 0
+    # --keep-columns: input columns carried into the data set, name -> Arrow type as text
+    # ("json" for JSONL values that do not agree on one type: kept as JSON text).
+    keep_columns: dict[str, str] = Field(default_factory=dict)
+    # Their Arrow schema, base64 of its IPC serialization (workers/dataset/kept.py).
+    keep_schema: str | None = None
+    # --keep-columns as given ("a,b" or "*"): a re-run of enqueue without it reads the same.
+    keep_arg: str | None = None
+
+    @property
+    def expected_samples(self) -> int:
+        """Result rows the job must end with: one per (prompt, sample)."""
+        return self.total_samples or self.total
 
     def batch_range(self, batch: int) -> range:
         """Row indices that batch ``batch`` covers."""
@@ -85,6 +103,8 @@ class PromptRow(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     # Set for rows quarantined at read time ("line 12: no prompt or messages").
     error: str | None = None
+    # --keep-columns: the row's kept input values, stored once per prompt (not per sample).
+    keep: dict[str, Any] | None = None
 
 
 def check_job_name(name: str) -> str:

@@ -36,10 +36,13 @@ MANIFEST_FORMAT = 2
 
 _MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
 
-# One row per prompt. ``messages`` keeps role and content (non-string content as JSON text);
-# the per-batch results under results/ keep every message exactly as it was sent.
+# One row per (prompt, sample). ``messages`` keeps role and content (non-string content as
+# JSON text); the per-batch results under results/ keep every message exactly as it was sent.
+# ``tool_calls`` is the chat message's tool calls as JSON text (null when there are none).
+# Kept input columns (enqueue --keep-columns) follow these: :func:`job_schema`.
 SCHEMA = pa.schema([
     pa.field("index", pa.int64(), nullable=False),
+    pa.field("sample", pa.int32()),
     pa.field("id", pa.string(), nullable=False),
     pa.field("job", pa.string()),
     pa.field("batch", pa.int32()),
@@ -47,6 +50,7 @@ SCHEMA = pa.schema([
     pa.field("messages", pa.list_(_MESSAGE)),
     pa.field("completion", pa.string()),
     pa.field("reasoning", pa.string()),
+    pa.field("tool_calls", pa.string()),
     pa.field("finish_reason", pa.string()),
     pa.field("status", pa.string()),
     pa.field("error", pa.string()),
@@ -61,6 +65,14 @@ SCHEMA = pa.schema([
     pa.field("launch_digest", pa.string()),
     pa.field("finished_at", pa.float64()),
 ])
+
+
+def job_schema(spec: JobSpec) -> pa.Schema:
+    """The data set's schema for ``spec``: SCHEMA, then its kept input columns."""
+    from workers.dataset.kept import decode_schema
+
+    kept = decode_schema(spec.keep_schema)
+    return SCHEMA if kept is None else pa.schema(list(SCHEMA) + list(kept))
 
 
 def launch_digest(profile: LaunchProfile) -> str:
@@ -116,6 +128,7 @@ def to_record(row: dict[str, Any]) -> dict[str, Any]:
     if rec["messages"] is not None:
         rec["messages"] = [_message(m) for m in rec["messages"]]
     rec["id"] = str(rec["id"]) if rec["id"] is not None else str(rec["index"])
+    rec["sample"] = rec["sample"] or 0
     return rec
 
 
@@ -206,9 +219,10 @@ def build_manifest(spec: JobSpec, version: str, shards: list[ShardInfo], tally: 
             "input_path": spec.input_path,
             "input_fingerprint": spec.input_fingerprint,
             "total": spec.total, "batch_size": spec.batch_size, "n_batches": spec.n_batches,
+            "samples": spec.expected_samples, "keep_columns": spec.keep_columns,
         },
         "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
-                   for f in SCHEMA],
+                   for f in job_schema(spec)],
         "shards": [vars(s) for s in shards],
         "digest": shards_digest(shards),
         "totals": {

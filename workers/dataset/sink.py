@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from config.settings import Settings
 from workers.dataset.jobs import JobSpec, load_spec
+from workers.dataset.kept import kept_array
 from workers.dataset.location import locate
 from workers.dataset.manifest import (
     SCHEMA,
@@ -48,6 +49,7 @@ from workers.dataset.manifest import (
     build_manifest,
     data_prefix,
     encode_manifest,
+    job_schema,
     load_manifest,
     manifest_key,
     shard_key,
@@ -60,7 +62,13 @@ from workers.dataset.manifest import (
 )
 from workers.dataset.sink_lock import LockLost, SinkLock
 from workers.dataset.store import ObjectMissing, RetryingStore, Store
-from workers.dataset.verify import RowCheck, iter_batches, prefetched, stored_batches
+from workers.dataset.verify import (
+    RowCheck,
+    iter_batches,
+    prefetched,
+    samples_of_batch,
+    stored_batches,
+)
 from workers.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -88,10 +96,11 @@ class ShardLimits:
 class ShardWriter:
     """One shard in a local file: buffered batches become row groups, in index order."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, schema: pa.Schema = SCHEMA) -> None:
+        self.path, self.schema = path, schema
+        self._kept = [f for f in schema if f.name not in SCHEMA.names]
         self._file = pa.OSFile(str(path), "wb")
-        self._writer = pq.ParquetWriter(self._file, SCHEMA, compression="zstd",
+        self._writer = pq.ParquetWriter(self._file, schema, compression="zstd",
                                         compression_level=3)
         self._buf: list[dict[str, Any]] = []
         self.buffered_bytes = 0
@@ -109,7 +118,7 @@ class ShardWriter:
 
     def add(self, batch: int, rows: list[dict[str, Any]], raw_bytes: int) -> None:
         """Buffer one batch's rows (already sorted by index)."""
-        self._buf += [to_record(r) for r in rows]
+        self._buf += [{**to_record(r), "keep": r.get("keep")} for r in rows]
         self.buffered_bytes += raw_bytes
         self.rows += len(rows)
         self.batches.append(batch)
@@ -119,6 +128,9 @@ class ShardWriter:
         """Write the buffered rows as one row group."""
         if self._buf:
             table = pa.Table.from_pylist(self._buf, schema=SCHEMA)
+            for f in self._kept:  # kept input columns, cast to the types recorded at enqueue
+                values = [(r["keep"] or {}).get(f.name) for r in self._buf]
+                table = table.append_column(f, kept_array(f, values))
             self._writer.write_table(table, row_group_size=len(self._buf))
         self._buf, self.buffered_bytes = [], 0
 
@@ -157,11 +169,13 @@ def write_shards(store: Store, spec: JobSpec, limits: ShardLimits, tmp: Path, ve
     the check of exactly the rows written (duplicates and misplaced rows are left out)."""
     shards: list[ShardInfo] = []
     check, cur = RowCheck(spec), None
+    schema = job_schema(spec)
     for batch, raw, stored, ids in iter_batches(store, spec):
+        check.samples = samples_of_batch(store, spec, batch)
         rows = [row for row in stored if check.accept(batch, row, ids)]
         if not rows:
             continue
-        cur = cur or ShardWriter(tmp / shard_name(len(shards)))
+        cur = cur or ShardWriter(tmp / shard_name(len(shards)), schema)
         cur.add(batch, rows, len(raw))
         if cur.buffered_bytes >= limits.row_group_bytes:
             cur.flush()

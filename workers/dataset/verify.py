@@ -7,6 +7,11 @@ counted once, in one bucket (``ok``, ``truncated``, ``failed`` or ``quarantined`
 reported
 and kept out of the counts; a row outside its batch's index range, or whose ``id`` is not the
 staged input's id at that index, is misplaced, reported and kept out too.
+
+A prompt with N samples stands for N rows, ``sample`` 0 … N-1 (N: the staged row's own ``n``,
+else the job's): each (index, sample) is counted once, ``expected`` counts every sample, and
+the report adds ``prompts`` (every prompt of the job) and ``samples`` (the distinct (prompt,
+sample) rows found). A sample number outside 0 … N-1 is misplaced.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from workers.dataset.jobs import (
     results_prefix,
 )
 from workers.dataset.manifest import Tally
+from workers.dataset.samples import row_samples, row_unit
 from workers.dataset.store import ObjectMissing, Store
 
 PREFETCH = 8
 T = TypeVar("T")
 U = TypeVar("U")
 StagedIds = dict[int, str] | None
+# index -> samples of each staged row (None: the staged input is gone).
+StagedSamples = dict[int, int] | None
 
 
 @dataclass
@@ -44,8 +52,10 @@ class RowCheck:
     duplicates: int = 0
     misplaced: int = 0
     out_of_range: int = 0
-    _seen: set[int] = field(default_factory=set)
+    _seen: set[tuple[int, int]] = field(default_factory=set)
     examples: list[str] = field(default_factory=list)
+    # The samples of each index of the batch being checked (None: the job's for every row).
+    samples: StagedSamples = None
 
     def _problem(self, what: str) -> None:
         if len(self.examples) < 10:
@@ -57,7 +67,7 @@ class RowCheck:
         ``staged_ids`` maps the batch's indices to their input ids (None: the staged input is
         gone, so only the index range is checked)."""
         self.rows += 1
-        idx = int(row["index"])
+        idx, sample = row_unit(row)
         if not 0 <= idx < self.spec.total:
             self.out_of_range += 1
             self._problem(f"batch {batch}: index {idx} is outside the job (0..{self.spec.total})")
@@ -68,11 +78,18 @@ class RowCheck:
             self._problem(f"batch {batch}: row index {idx} id {row.get('id')!r} is not the "
                           f"staged row of this batch")
             return False
-        if idx in self._seen:
-            self.duplicates += 1
-            self._problem(f"batch {batch}: index {idx} appears twice")
+        n = (self.samples or {}).get(idx, self.spec.sampling.samples)
+        if not 0 <= sample < max(n, 1):
+            self.misplaced += 1
+            self._problem(f"batch {batch}: row index {idx} sample {sample} is not one of its "
+                          f"{n} samples")
             return False
-        self._seen.add(idx)
+        if (idx, sample) in self._seen:
+            self.duplicates += 1
+            self._problem(f"batch {batch}: index {idx} sample {sample} appears twice"
+                          if sample else f"batch {batch}: index {idx} appears twice")
+            return False
+        self._seen.add((idx, sample))
         self.tally.add(row)
         return True
 
@@ -80,10 +97,11 @@ class RowCheck:
         """The verify report: ``counts`` (the manifest's buckets; ``failed``, ``quarantined``
         and ``truncated`` also at the top), problems, and ``ok`` (every prompt exactly once)."""
         unique = len(self._seen)
-        missing = self.spec.total - unique
+        missing = self.spec.expected_samples - unique
         counts = self.tally.counts
         return {
-            "job": self.spec.name, "expected": self.spec.total, "rows": self.rows,
+            "job": self.spec.name, "expected": self.spec.expected_samples, "rows": self.rows,
+            "prompts": self.spec.total, "samples": unique,
             "unique": unique, "duplicates": self.duplicates, "missing": missing,
             "failed": counts["failed"], "quarantined": counts["quarantined"],
             "truncated": counts["truncated"], "counts": dict(counts),
@@ -106,20 +124,33 @@ def prefetched(fn: Callable[[T], U], items: Iterable[T], window: int = PREFETCH)
             yield pending.popleft().result()
 
 
-def staged_ids(store: Store, job: str, batch: int) -> StagedIds:
-    """index -> id of a batch's staged prompts (None when the staged object is gone)."""
+def staged_rows(store: Store, job: str, batch: int) -> list[dict[str, Any]] | None:
+    """A batch's staged prompts as dicts (None when the staged object is gone)."""
     try:
-        raw = store.get(input_key(job, batch))
+        return decode_rows(store.get(input_key(job, batch)))
     except ObjectMissing:
         return None
-    return {int(r["index"]): str(r["id"]) for r in decode_rows(raw)}
+
+
+def staged_ids(store: Store, job: str, batch: int) -> StagedIds:
+    """index -> id of a batch's staged prompts (None when the staged object is gone)."""
+    rows = staged_rows(store, job, batch)
+    return None if rows is None else {int(r["index"]): str(r["id"]) for r in rows}
+
+
+def staged_samples(rows: list[dict[str, Any]] | None, job_samples: int) -> StagedSamples:
+    """index -> samples of each staged row (its own ``n``, else the job's)."""
+    if rows is None:
+        return None
+    return {int(r["index"]): row_samples(r.get("params"), job_samples) for r in rows}
 
 
 def batch_rows(store: Store, job: str, batch: int
                ) -> tuple[int, bytes, list[dict[str, Any]], StagedIds]:
-    """(batch, raw result bytes, rows sorted by index, staged ids) of one stored batch."""
+    """(batch, raw result bytes, rows sorted by (index, sample), staged ids) of one stored
+    batch."""
     raw = store.get(result_key(job, batch))
-    rows = sorted(decode_rows(raw), key=lambda x: int(x["index"]))
+    rows = sorted(decode_rows(raw), key=row_unit)
     return batch, raw, rows, staged_ids(store, job, batch)
 
 
@@ -136,10 +167,18 @@ def iter_batches(store: Store, spec: JobSpec
                           stored_batches(store, spec.name))
 
 
+def samples_of_batch(store: Store, spec: JobSpec, batch: int) -> StagedSamples:
+    """index -> samples of a batch's rows; None for a one-sample job (nothing to read)."""
+    if spec.expected_samples == spec.total:
+        return None
+    return staged_samples(staged_rows(store, spec.name, batch), spec.sampling.samples)
+
+
 def verify_job(store: Store, spec: JobSpec) -> dict[str, Any]:
     """Check every stored batch result against the job; see the module docstring."""
     check = RowCheck(spec)
     for batch, _, rows, ids in iter_batches(store, spec):
+        check.samples = samples_of_batch(store, spec, batch)
         for row in rows:
             check.accept(batch, row, ids)
     return check.report()

@@ -71,7 +71,8 @@ def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, A
     started_at, first_taken_at, last_row_at = (float(t) if t else None for t in times)
     c = jobstate.counters(r, spec.name)
     finished = c["completed"] + c["failed"] + c["quarantined"]
-    done = done_batches >= spec.n_batches and finished >= spec.total
+    # The counters count (prompt, sample) rows: with N samples, every sample must be in.
+    done = done_batches >= spec.n_batches and finished >= spec.expected_samples
     started = started_at or now
     end = last_row_at if done and last_row_at else now
     active_from = first_taken_at or started
@@ -96,11 +97,12 @@ def list_jobs(r: redis.Redis) -> list[dict[str, Any]]:
         spec = JobSpec.model_validate_json(raw)
         p = read(r, spec)
         c = p["counters"]
-        out.append({"job": name, "state": p["state"], "total": spec.total,
+        total = spec.expected_samples  # the counters count samples
+        out.append({"job": name, "state": p["state"], "total": total,
                     "completed": c["completed"], "failed": c["failed"],
                     "quarantined": c["quarantined"], "done_batches": p["done_batches"],
                     "n_batches": spec.n_batches, "done": p["done"],
-                    "progress": round(p["finished"] / spec.total, 4) if spec.total else 0,
+                    "progress": round(p["finished"] / total, 4) if total else 0,
                     "elapsed_s": p["elapsed_s"], "dataset": p["dataset"],
                     "dataset_version_number": version_number(p["dataset_version"])})
     return out

@@ -144,8 +144,9 @@ def record_keys(job: str, batch: int, node_key: str) -> list[str]:
 
 
 def record_args(batch: int, node: str, token: str,
-                rows: list[tuple[int, bytes, str, int]]) -> list[Any]:
-    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, now, then (index, row, kind,
+                rows: list[tuple[int | str, bytes, str, int]]) -> list[Any]:
+    """ARGV for RECORD_ROWS: batch, bucket, node, owner token, now, then (unit key: the
+    index, or "index:sample" for samples after the first; row, kind,
     tokens) per row."""
     now = time.time()
     argv: list[Any] = [batch, bucket(now), node, token, round(now, 3)]

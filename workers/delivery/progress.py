@@ -19,6 +19,7 @@ from config.settings import Settings
 from workers.context import WorkerIdentity
 from workers.dataset.jobs import JobSpec, PromptRow, progress_chunk_key, progress_prefix
 from workers.dataset.manifest import row_bucket
+from workers.dataset.samples import row_unit, unit_key
 from workers.dataset.store import Store
 from workers.delivery import jobstate
 from workers.delivery.ownership import LostOwnership
@@ -55,10 +56,10 @@ class BatchEnv:
 
 
 def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
-               done: Completion | None, error: str | None) -> dict[str, Any]:
-    """The stored form of one prompt's outcome."""
-    return {
-        "job": spec.name, "batch": batch, "index": row.index, "id": row.id,
+               done: Completion | None, error: str | None, sample: int = 0) -> dict[str, Any]:
+    """The stored form of one (prompt, sample)'s outcome (kept input columns included)."""
+    out = {
+        "job": spec.name, "batch": batch, "index": row.index, "sample": sample, "id": row.id,
         "prompt": row.prompt, "messages": row.messages,
         "completion": done.text if done else None,
         "reasoning": done.reasoning if done else None,
@@ -72,9 +73,15 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
         "status": "ok" if done else "failed", "error": error,
         "profile": env.profile, "gpu": env.me.gpu, "node": env.me.node,
         "launch_digest": env.launch_digest,
+        # As JSON text, null when the model called no tool (the chat message's tool_calls).
+        "tool_calls": orjson.dumps(done.tool_calls).decode()
+        if done and done.tool_calls else None,
         # When the outcome arrived (unix s): the report's time axis at any job length.
         "finished_at": round(time.time(), 3),
     }
+    if row.keep is not None:
+        out["keep"] = row.keep
+    return out
 
 
 def spill_rows(store: Store, job: str, batch: int, chunk: str,
@@ -86,21 +93,21 @@ def spill_rows(store: Store, job: str, batch: int, chunk: str,
 
 
 def read_progress(store: Store, job: str, batch: int,
-                  chunks: dict[int, str]) -> list[dict[str, Any]]:
-    """The answered rows of ``batch``, in index order: each index's row from the chunk that
-    Redis recorded for it (a chunk may also hold rows another run wrote: they are skipped)."""
-    wanted: dict[str, set[int]] = {}
-    for index, chunk in chunks.items():
-        wanted.setdefault(chunk, set()).add(index)
+                  chunks: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
+    """The answered rows of ``batch``, in (index, sample) order: each one's row from the chunk
+    that Redis recorded for it (a chunk may also hold rows another run wrote: skipped)."""
+    wanted: dict[str, set[tuple[int, int]]] = {}
+    for unit, chunk in chunks.items():
+        wanted.setdefault(chunk, set()).add(unit)
     keys = [progress_chunk_key(job, batch, c) for c in wanted]
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=CHUNK_READERS) as pool:
         for chunk, data in zip(wanted, pool.map(store.get, keys), strict=True):
             for line in data.splitlines():
                 row = orjson.loads(line)
-                if row["index"] in wanted[chunk]:
-                    rows[row["index"]] = row
-    return [rows[i] for i in sorted(rows)]
+                if (unit := row_unit(row)) in wanted[chunk]:
+                    rows[unit] = row
+    return [rows[u] for u in sorted(rows)]
 
 
 def drop_progress(store: Store, job: str, batch: int) -> None:
@@ -122,7 +129,7 @@ class ProgressRecorder:
     def __init__(self, env: BatchEnv, job: str, batch: int, token: str) -> None:
         self._env, self._job, self._batch, self._token = env, job, batch, token
         # Rows by manifest bucket (ok/truncated/failed/quarantined), recorded one bucket per call.
-        self._buf: dict[str, list[tuple[int, bytes, str, int]]] = {}
+        self._buf: dict[str, list[tuple[str, bytes, str, int]]] = {}
         self._bytes = 0
         self._since: float | None = None
         self._chunk_tag, self._seq = token.rsplit("|", 1)[-1], 0
@@ -133,7 +140,7 @@ class ProgressRecorder:
         """Queue one finished row for the next flush."""
         kind, data = row_bucket(result), orjson.dumps(result)
         self._buf.setdefault(kind, []).append(
-            (result["index"], data, kind, result["completion_tokens"]))
+            (unit_key(*row_unit(result)), data, kind, result["completion_tokens"]))
         self._bytes += len(data)
         self._since = self._since if self._since is not None else time.monotonic()
 
@@ -143,7 +150,7 @@ class ProgressRecorder:
             return False
         return self._bytes >= SPILL_BYTES or time.monotonic() - self._since >= SPILL_INTERVAL_S
 
-    def _put_back(self, groups: dict[str, list[tuple[int, bytes, str, int]]], nbytes: int,
+    def _put_back(self, groups: dict[str, list[tuple[str, bytes, str, int]]], nbytes: int,
                   since: float | None) -> None:
         for kind, rows in groups.items():
             self._buf.setdefault(kind, [])[:0] = rows
@@ -193,7 +200,7 @@ class ProgressRecorder:
             await self._after(fresh, groups, written)
 
     async def _after(self, fresh: dict[str, int],
-                     groups: dict[str, list[tuple[int, bytes, str, int]]],
+                     groups: dict[str, list[tuple[str, bytes, str, int]]],
                      written: list[str]) -> None:
         if not written:
             return

@@ -52,6 +52,9 @@ class Completion:
     # What the engine answered for a request that asked for logprobs (None otherwise):
     # /generate's meta_info ``*_logprobs`` fields, or the chat choice's ``logprobs``.
     logprobs: Any = None
+    # The chat message's ``tool_calls`` as the engine parsed them (the profile's
+    # --tool-call-parser; ``OpenAIServingChat._process_tool_calls``), None when there are none.
+    tool_calls: Any = None
 
 
 def _finish_reason(raw: Any) -> str:
@@ -124,6 +127,7 @@ def parse_chat(data: dict[str, Any], latency_s: float) -> Completion:
         completion_tokens=int(usage.get("completion_tokens") or 0),
         latency_s=latency_s,
         logprobs=choice.get("logprobs"),
+        tool_calls=message.get("tool_calls") or None,
     )
 
 
@@ -206,6 +210,27 @@ class EngineClient:
             return parse_chat(data, latency)
         data, latency = await self._post("/generate", _generate_body(prompt or "", sampling))
         return parse_generate(data, latency)
+
+    async def prefill(
+        self, prompt: str | None, messages: list[Any] | None, sampling: Sampling
+    ) -> None:
+        """Prefill a prompt once, generating nothing, so that the requests for its samples
+        find it in the radix cache: what SGLang's parallel sampling does before it sends the
+        ``n`` copies (``TokenizerManager._handle_batch_request``: the prompt with
+        ``max_new_tokens = 0``). The chat route takes ``max_tokens = 1`` (its request model
+        refuses 0, ``validate_max_tokens_positive``); its one token is thrown away."""
+        messages = chat_messages(prompt, messages, sampling)
+        if messages is not None:
+            body = _chat_body(messages, sampling)
+            body["max_tokens"] = 1
+            body.pop("max_completion_tokens", None)
+            await self._post("/v1/chat/completions", body)
+            return
+        body = _generate_body(prompt or "", sampling)
+        body["sampling_params"]["max_new_tokens"] = 0
+        body.pop("return_logprob", None)
+        body.pop("top_logprobs_num", None)
+        await self._post("/generate", body)
 
     async def _get(self, path: str, timeout_s: float) -> tuple[int, bytes] | None:
         """(status, body) of one GET, or None when the engine cannot be reached in time."""

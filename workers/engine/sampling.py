@@ -56,6 +56,14 @@ def _bias(v: Any) -> bool:
     return _dict(v) and all(_num(x) for x in v.values())
 
 
+def _list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _str_or_dict(v: Any) -> bool:
+    return _str(v) or _dict(v)
+
+
 @dataclass(frozen=True)
 class Param:
     """One accepted keyword: its type check, the type in words, whether null is accepted."""
@@ -120,8 +128,13 @@ OPENAI_NAMES = {
 CHAT_NAMES = {"sampling_seed": "seed", "max_new_tokens": "max_tokens",
               "min_new_tokens": "min_tokens"}
 # SamplingParams keywords ChatCompletionRequest has no field for (pydantic ignores them there).
-NOT_IN_CHAT = frozenset({"json_schema", "structural_tag", "stream_interval",
+# json_schema is the exception the fleet bridges: on the chat route it becomes the
+# response_format that OpenAIServingChat turns back into sampling_params["json_schema"].
+NOT_IN_CHAT = frozenset({"structural_tag", "stream_interval",
                          "spaces_between_special_tokens"})
+# SamplingParams.verify: at most one grammar per request ("Only one of regex, json_schema, or
+# ebnf can be set").
+GRAMMARS = ("json_schema", "regex", "ebnf")
 # Request-level, not sampling: GenerateReqInput.return_logprob / top_logprobs_num
 # (srt/managers/io_struct.py); the chat route's own names are logprobs / top_logprobs.
 LOGPROB_KEYS = {"logprobs": "return_logprob", "top_logprobs": "top_logprobs_num"}
@@ -131,6 +144,10 @@ CHAT_ONLY: dict[str, Param] = {
     "reasoning_effort": OPT_STR,
     "separate_reasoning": BOOL,
     "response_format": Param(_dict, "an object", True),
+    # Tool use (OpenAIServingChat: the tools go to the chat template and the engine's
+    # --tool-call-parser parses the answer into message.tool_calls).
+    "tools": Param(_list, "a list of tool definitions", True),
+    "tool_choice": Param(_str_or_dict, "\"none\", \"auto\", \"required\" or an object", True),
 }
 # OpenAI metadata that asks nothing of the engine: never sent, counted as dropped.
 METADATA = frozenset({"user", "metadata", "store"})
@@ -152,6 +169,7 @@ class Translated:
     logprobs: dict[str, Any] = field(default_factory=dict)  # return_logprob, top_logprobs_num
     chat: dict[str, Any] = field(default_factory=dict)  # chat-only request fields
     dropped: list[str] = field(default_factory=list)  # metadata keys, never sent
+    samples: int | None = None  # OpenAI ``n``: samples per prompt (never sent as such)
 
 
 def _check_type(key: str, value: Any, param: Param) -> None:
@@ -200,13 +218,35 @@ def _sampling_key(key: str, value: Any, chat: bool, out: Translated) -> None:
     _check_type(key, value, SAMPLING_PARAMS[name])
     _check_range(key, name, value)
     if name == "n":
-        if value != 1:
-            raise SamplingError(key, f"is {value}: the fleet keeps one answer per prompt, so "
-                                     "n > 1 would generate answers that are thrown away")
+        # N samples per prompt: the fleet sends each sample as its own request (each with its
+        # own seed; workers/dataset/samples.py), so ``n`` itself never reaches the engine.
+        if value < 1:
+            raise SamplingError(key, f"is {value}: the samples per prompt must be at least 1")
+        out.samples = value
         return
     if key == "max_tokens" and out.sampling.get("max_new_tokens") is not None:
         return  # max_completion_tokens wins, as in to_sampling_params
+    if name in GRAMMARS and value is not None:
+        if other := next((g for g in GRAMMARS if g != name and out.sampling.get(g)), None):
+            raise SamplingError(key, f"and {other!r} are both set: SGLang takes one of "
+                                     "json_schema, regex or ebnf per request")
+        if name == "json_schema" and chat:
+            out.chat["response_format"] = _schema_format(key, value)
+            return
     out.sampling[name] = value
+
+
+def _schema_format(key: str, value: str) -> dict[str, Any]:
+    """A /generate ``json_schema`` (JSON text) as the chat route's ``response_format``."""
+    import orjson
+
+    try:
+        schema = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise SamplingError(key, f"is not valid JSON ({exc})") from None
+    if not isinstance(schema, dict):
+        raise SamplingError(key, "must be a JSON schema object")
+    return {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
 
 
 def _one(key: str, value: Any, chat: bool, out: Translated) -> None:
@@ -280,7 +320,7 @@ def job_params(items: list[str]) -> dict[str, Any]:
     if t.dropped or t.logprobs:
         key = (t.dropped or list(LOGPROB_KEYS))[0]
         raise SamplingError(key, "is not a sampling parameter")
-    return t.sampling
+    return {**t.sampling, **({"n": t.samples} if t.samples is not None else {})}
 
 
 def route_fields(t: Translated, chat: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -70,6 +70,7 @@ def make_flush_cache(state: SimState) -> Endpoint:
                 f"#queue-req: {snap.queued}, #running-req: {snap.running}"
             )
             return PlainTextResponse(message, status_code=400)
+        state.engine.cache.clear()
         return PlainTextResponse(FLUSHED)
 
     return flush

@@ -202,6 +202,11 @@ class SimEngine:
         new_reqs = new_tokens = cached = squares = 0
         running_before = len(self.running)
         budgeted = self._budgeted()
+        # A round's requests match the radix tree as it was before the round: their prompts
+        # enter the tree only once the prefill forward ran (SGLang inserts them in
+        # ``Scheduler.process_batch_result_prefill`` through ``tree_cache.cache_unfinished_req``),
+        # so two copies of one prompt admitted together both compute it.
+        inserted: list[tuple[int, ...]] = []
         while self.waiting and self._fits(self.waiting[0], budgeted):
             req = self.waiting[0]
             hit = self.cache.match(req.prefix, req.input_len)
@@ -214,12 +219,14 @@ class SimEngine:
             self.waiting.popleft()
             self.waiting_tokens -= req.held
             req.cached_tokens = hit
-            self.cache.insert(req.prefix)
+            inserted.append(req.prefix)
             new_reqs += 1
             new_tokens += compute
             squares += compute * compute
             cached += hit
             self._start(req)
+        for prefix in inserted:
+            self.cache.insert(prefix)
         if new_reqs:
             self.running = [r for r in self.running if r.finish_reason is None]
             cal = self.config.calibration

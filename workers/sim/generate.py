@@ -64,6 +64,15 @@ def build_generate(state: SimState, body: dict[str, Any]) -> tuple[list[SimReque
     return reqs, batch
 
 
+def prefill_requests(state: SimState, body: dict[str, Any]) -> list[SimRequest]:
+    """One ``max_new_tokens = 0`` request per prompt of an ``n > 1`` body: what SGLang sends
+    to cache the common prefix before the copies (``TokenizerManager._handle_batch_request``)."""
+    prompts, _ = _prompts(body)
+    params = as_list(body.get("sampling_params") or {}, len(prompts))
+    return [make_request(state, n, {**(p or {}), "n": 1, "max_new_tokens": 0}, text, None,
+                         key, ids) for (n, text, key, ids), p in zip(prompts, params, strict=True)]
+
+
 def spec_meta(state: SimState, req: SimRequest) -> dict[str, Any]:
     """Speculative fields of meta_info (``TokenizerManager._calculate_spec_decoding_metrics``,
     0.5.11): none before the first verify step; ``spec_accept_histogram[k]`` counts the verify
@@ -150,7 +159,8 @@ def generate_result(state: SimState, req: SimRequest, ask: LogprobAsk | None = N
         "decode_throughput": req.generated / req.latency if req.latency > 0 else 0.0,
         "response_sent_to_client_ts": now,
     })
-    return {"text": filler_text(text_tokens(req)), "output_ids": ids, "meta_info": meta}
+    text = req.json_text if req.json_text is not None else filler_text(text_tokens(req))
+    return {"text": text, "output_ids": ids, "meta_info": meta}
 
 
 def generate_handler(state: SimState) -> JsonHandler:
@@ -169,6 +179,11 @@ def generate_handler(state: SimState) -> JsonHandler:
             return INTERNAL_ERROR
         except (ValueError, TypeError) as exc:
             return 400, error_payload(str(exc))
+        if len(reqs) > len(_prompts(body)[0]):
+            # n > 1: TokenizerManager._handle_batch_request first sends each prompt with
+            # max_new_tokens = 0 and waits for it, so its n copies hit the radix cache.
+            await asyncio.gather(*(state.engine.submit(w) for w in prefill_requests(
+                state, body)))
         done = await asyncio.gather(*(state.engine.submit(r) for r in reqs))
         asks = logprob_asks(body, len(done))
         items = [generate_result(state, r, ask) for r, ask in zip(done, asks, strict=True)]

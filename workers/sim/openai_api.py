@@ -20,6 +20,7 @@ from starlette.routing import Route
 from workers.sim.api import NOT_READY, JsonHandler, endpoint, parse_json, text_tokens
 from workers.sim.engine import SimRequest
 from workers.sim.state import SimState, Uncaught, make_request
+from workers.sim.structured import response_schema, tool_calls, validate_tools
 from workers.sim.textgen import (
     chat_logprobs,
     completion_logprobs,
@@ -74,12 +75,16 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
     """Sampling params of an OpenAI body, in /generate terms.
 
     SGLang's OpenAI routes parse the body into pydantic request models and build the sampling
-    dict from named fields (``ChatCompletionRequest.to_sampling_params``), so an unknown body key
-    (``user``, ``seed``...) never reaches ``SamplingParams``: it is ignored here too. ``logprobs``
+    dict from named fields (``ChatCompletionRequest.to_sampling_params``, which maps ``seed`` to
+    ``sampling_seed``), so an unknown body key (``user``...) never reaches ``SamplingParams``:
+    it is ignored here too. ``logprobs``
     and ``top_logprobs`` are request fields (:func:`chat_logprob_request`).
     """
-    params = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos") if k in body}
+    params = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos", "regex",
+                                   "ebnf") if body.get(k) is not None}
     params["max_new_tokens"] = max_tokens
+    if body.get("seed") is not None:  # to_sampling_params: seed -> sampling_seed
+        params["sampling_seed"] = body["seed"]
     return params
 
 
@@ -175,27 +180,35 @@ def thinking_on(state: SimState, body: dict[str, Any]) -> bool:
     return kwargs.get("enable_thinking") is not False
 
 
-def chat_message(req: SimRequest, thinking: bool) -> tuple[dict[str, Any], int]:
-    """The assistant message and its reasoning token count."""
+def chat_message(req: SimRequest, thinking: bool,
+                 calls: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], int]:
+    """The assistant message and its reasoning token count (``calls``: the tool calls the
+    engine's parser found, workers/sim/structured.py)."""
     words = text_tokens(req)
     reasoning = 0
     if thinking:
         reasoning, _ = reasoning_split(req.generated, req.drawn_len)
     shown = min(reasoning, words)
+    content = req.json_text if req.json_text is not None else filler_text(words - shown)
     message = {
         "role": "assistant",
-        "content": filler_text(words - shown),
+        "content": None if calls else content,
         "reasoning_content": filler_text(shown) if thinking else None,
-        "tool_calls": None,
+        "tool_calls": calls or None,
     }
     return message, reasoning
 
 
 def chat_document(state: SimState, req: SimRequest, thinking: bool,
-                  logprob: tuple[bool, int] = (False, 0)) -> dict[str, Any]:
-    """The /v1/chat/completions response (``logprob``: :func:`chat_logprob_request`)."""
-    message, reasoning = chat_message(req, thinking)
+                  logprob: tuple[bool, int] = (False, 0),
+                  calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The /v1/chat/completions response (``logprob``: :func:`chat_logprob_request`;
+    ``calls``: the parsed tool calls, which make the finish reason ``tool_calls`` as
+    ``OpenAIServingChat._build_chat_response`` does)."""
+    message, reasoning = chat_message(req, thinking, calls)
     kind, matched = _finish(req)
+    if calls and kind == "stop":
+        kind, matched = "tool_calls", None
     # Every generated token, the stop token included, as output_token_logprobs holds them.
     eos = state.shape.eos_token_id if kind == "stop" else None
     logprobs = chat_logprobs(filler_ids(req.generated, eos), logprob[1]) if logprob[0] else None
@@ -245,10 +258,14 @@ def build_chat(state: SimState, body: dict[str, Any]) -> SimRequest:
             f"max_completion_tokens is too large: {max_tokens}."
             f"This model supports at most {context} completion tokens."
         )
+    validate_tools(body)
     text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     rid = str(body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}")
     key = orjson.dumps(messages).decode()
     params = _sampling(body, max_tokens)
+    if (schema := response_schema(body)) is not None:
+        # _build_sampling_params: the response_format's schema becomes the json_schema grammar.
+        params["json_schema"] = orjson.dumps(schema).decode()
     return make_request(state, count_chat_tokens(messages), params, text, rid, key)
 
 
@@ -266,8 +283,10 @@ def chat_handler(state: SimState) -> JsonHandler:
             return internal_error(exc)
         except (ValueError, TypeError) as exc:
             return openai_error(str(exc))
+        calls = tool_calls(body, f"{orjson.dumps(body.get('messages')).decode()}\0"
+                           f"{body.get('seed')}", state.args.tool_call_parser)
         done = await state.engine.submit(req)
-        return 200, chat_document(state, done, thinking_on(state, body), logprob)
+        return 200, chat_document(state, done, thinking_on(state, body), logprob, calls)
 
     return chat
 

@@ -83,6 +83,12 @@ class PrefixCache:
             tokens -= tokens % max(1, self.mode.track_interval)
         return max(0, min(tokens, input_len - 1))
 
+    def clear(self) -> None:
+        """Drop every cached prefix (``/flush_cache``: ``Scheduler.flush_cache`` resets the
+        tree)."""
+        self._keys.clear()
+        self._ends.clear()
+
     def insert(self, keys: tuple[int, ...]) -> None:
         """Cache a prefilled prompt's blocks."""
         if not self.mode.enabled or not keys:

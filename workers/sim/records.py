@@ -38,6 +38,9 @@ class SimRequest:
     admitted_at: float = 0.0  # first admission (monotonic), for meta_info's queue_time
     retractions: int = 0
     prompt_ids: list[int] | None = None  # the prompt's token ids when it came as input_ids
+    # The answer under a json_schema grammar: a JSON document valid for it
+    # (workers/sim/structured.py).
+    json_text: str | None = None
 
     def __post_init__(self) -> None:
         self.stop_at = min(self.drawn_len, self.max_new_tokens)

@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from workers.engine.capacity import (
     EAGLE_FAMILY,
     CapacityPlan,
@@ -31,6 +33,7 @@ from workers.engine.versions import DEFAULT_VERSION
 from workers.sim.engine import SimEngine, SimRequest, clamp_max_new_tokens
 from workers.sim.radix import prefix_keys
 from workers.sim.report import Reporter, SimMetrics
+from workers.sim.structured import check_grammar, instance
 from workers.sim.textgen import OutputLengths
 
 CRASH_MARKER = "__SIM_CRASH__"
@@ -204,6 +207,7 @@ def make_request(
     key (or the error marker) raises :class:`Uncaught`, which /generate answers with a bare 500.
     """
     max_new = _check_sampling(params)
+    check_grammar(params)
     if ERROR_MARKER in text:
         raise Uncaught("sim fault injection: __SIM_ERROR__")
     plan = state.plan
@@ -214,6 +218,10 @@ def make_request(
         _check_scheduler_length(input_len, plan.max_req_input_len)
     clamped = clamp_max_new_tokens(max_new, input_len, plan.max_req_len)
     identity = text if key is None else key
+    if params.get("sampling_seed") is not None:
+        # Another seed draws another answer (SGLang's sampler seeds each request's draw with
+        # its sampling_seed): the samples of one prompt differ, a rerun repeats them.
+        identity = f"{identity}\0seed={params['sampling_seed']}"
     drawn = clamped + 1 if params.get("ignore_eos") else state.lengths.draw(identity)
     return SimRequest(
         rid=rid or uuid.uuid4().hex,
@@ -224,6 +232,8 @@ def make_request(
         prompt_ids=ids,
         crash=CRASH_MARKER in text,
         hang=HANG_MARKER in text,
+        json_text=None if params.get("json_schema") is None
+        else orjson.dumps(instance(orjson.loads(params["json_schema"]))).decode(),
     )
 
 

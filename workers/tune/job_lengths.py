@@ -12,6 +12,7 @@ best effort: what cannot be read is left out and the section says where its figu
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from typing import Any
 
@@ -105,6 +106,9 @@ def job_section(r: redis.Redis, node: str | None,
     if spec is not None:
         out["max_new_tokens"] = spec.sampling.max_new_tokens
         out["batch_size"] = spec.batch_size
+        if spec.expected_samples != spec.total:
+            # Each sample is a running request of its own (workers/batch_runner.py).
+            out["samples_per_prompt"] = round(spec.expected_samples / max(spec.total, 1), 4)
     if counts["completed"] and counts["output_tokens"]:
         out.update(completed=counts["completed"],
                    output_tokens_mean=counts["output_tokens"] / counts["completed"],
@@ -131,6 +135,9 @@ def running_job_section(settings: Settings, r: redis.Redis,
     except redis.RedisError:
         return None
     if section is not None and section.get("batch_size"):
-        # What a worker can have in flight at most: its batches' prompts (workers/celery_app.py).
-        section["worker_prompts_max"] = settings.batches_per_gpu * int(section["batch_size"])
+        # What a worker can have in flight at most: its batches' prompts (workers/celery_app.py),
+        # each sample of a prompt a running request of its own.
+        samples = float(section.get("samples_per_prompt") or 1.0)
+        section["worker_prompts_max"] = math.ceil(
+            settings.batches_per_gpu * int(section["batch_size"]) * samples)
     return section

@@ -63,6 +63,9 @@ class Situation:
     fraction: float  # resolved mem_fraction_static of the running engine
     extra_fraction: float  # what NVML says could be added to it
     throughput: ThroughputModel
+    # Samples per prompt of the running job (enqueue --samples): each is a running request,
+    # and without the radix cache each prefills its prompt again.
+    samples_per_prompt: float = 1.0
 
     def kv_running(self, prediction: Prediction) -> int:
         """Running requests of this job the prediction's KV pool admits and holds."""
@@ -72,11 +75,16 @@ class Situation:
         """Share of throughput lost by recomputing the prompt tokens the radix cache serves.
 
         Prefill's share of the processed tokens times the hit rate: per token prefill is cheaper
-        than decode, so this overstates the cost (it never makes the lever look better).
+        than decode, so this overstates the cost (it never makes the lever look better). With N
+        samples per prompt the prompt is prefilled once and served from the cache N times
+        (workers/batch_runner.py); without the cache it is prefilled N times, so the prefill
+        already counted is repeated N - 1 times more, whatever hit rate was measured.
         """
+        share = 1.0 if self.prefill_share is None else self.prefill_share
+        repeated = share * max(self.samples_per_prompt - 1.0, 0.0)
         if not self.cache_hit_rate:
-            return 0.0
-        return self.cache_hit_rate * (1.0 if self.prefill_share is None else self.prefill_share)
+            return min(1.0, repeated)
+        return min(1.0, max(self.cache_hit_rate * share, repeated))
 
     def raised_fraction(self) -> dict[str, Any]:
         """The mem-fraction-static change using the free memory, or {} if there is none."""
@@ -200,6 +208,9 @@ def _variants(sit: Situation, hybrid: bool) -> Iterator[tuple[str, dict[str, Any
 def _eligibility(mode: str, sit: Situation) -> str:
     if mode != "no_radix":
         return ""
+    if sit.samples_per_prompt > 1.0:
+        return (f"not chosen: the job samples each prompt {sit.samples_per_prompt:g} times, "
+                "and without the radix cache every sample prefills its prompt again")
     if sit.cache_hit_rate is None:
         return "not chosen: the prefix-cache hit rate is unknown"
     if sit.cache_hit_rate >= NO_RADIX_MAX_HIT_RATE:

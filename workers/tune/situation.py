@@ -261,6 +261,7 @@ def situation(view: EngineView) -> Situation:
         fraction=fraction,
         extra_fraction=extra_fraction(view),
         throughput=view.throughput,
+        samples_per_prompt=float((view.job or {}).get("samples_per_prompt") or 1.0),
     )
 
 

@@ -1,0 +1,1 @@
+"""Runnable recipes (docs/recipes.md): ``python -m examples.run NAME`` on the simulator."""
