@@ -44,9 +44,3 @@ def kept_array(f: pa.Field, values: list[Any]) -> pa.Array:
         return pa.array(values, f.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return pa.array([None if v is None else str(v) for v in values]).cast(f.type)
-
-
-def kept_values(row: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
-    """The kept values of a stored result row, by column (null where absent)."""
-    keep = row.get("keep") or {}
-    return {name: keep.get(name) for name in schema.names}
