@@ -120,7 +120,13 @@ def _check_flower(flower: Flower, out: Path, nodes: list[str]) -> None:
         done = page.locator("#tasks-table tbody tr", has_text="SUCCESS")
         done.first.wait_for(timeout=30_000)
         texts = done.all_inner_texts()
-        assert all(re.search(r"\d+ prompts, [\d,]+ tokens, [\d,]+ tok/s", t) for t in texts), texts
+        batches = [t for t in texts if "fleet.run_batch" in t]
+        assert batches and all(re.search(r"\d+ prompts, [\d,]+ tokens, [\d,]+ tok/s", t)
+                               for t in batches), texts
+        # The data set the GPU workers built when the job ended (they consume the sink queue).
+        sinks = [t for t in texts if "fleet.sink_job" in t]
+        assert all(re.search(r"data set v\d{6}-\w+: [\d,]+ rows in \d+ shards, complete", t)
+                   for t in sinks), sinks
         page.screenshot(path=out / "flower-tasks.png", full_page=True)
         browser.close()
 

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVENT = "task-progress"
 BATCH_TASK = "fleet.run_batch"
+# The sink run (workers/sink_task.py takes its name from here).
+SINK_TASK = "fleet.sink_job"
 
 
 class TaskProgress:
@@ -101,12 +103,23 @@ def describe(summary: dict[str, Any]) -> str | None:
             f"{rate:,.0f} tok/s, {secs:.1f} s{failed}")
 
 
+def describe_sink(summary: dict[str, Any]) -> str | None:
+    """One line for a sink run's summary (workers/dataset/sink.py ``aggregate``)."""
+    if "version" not in summary or "rows" not in summary:
+        return None
+    state = "complete" if summary.get("complete") else "incomplete"
+    return (f"data set {summary['version']}: {summary['rows']:,} rows in "
+            f"{summary.get('shards', '?')} shards, {state}")
+
+
 def format_task(task: Any) -> Any:
-    """Flower ``format_task``: prompts, output tokens and tokens/s in the Result column."""
-    if getattr(task, "name", None) != BATCH_TASK:
+    """Flower ``format_task``: prompts, output tokens and tokens/s of a batch, or the data-set
+    version a sink run committed, in the Result column."""
+    name = getattr(task, "name", None)
+    if name not in (BATCH_TASK, SINK_TASK):
         return task
     summary = _as_dict(task.result)
-    text = describe(summary) if summary else None
+    text = (describe if name == BATCH_TASK else describe_sink)(summary) if summary else None
     if text is not None:
         task.result = text
     return task

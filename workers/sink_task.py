@@ -24,10 +24,10 @@ from workers.dataset.store import open_store, store_policy
 from workers.delivery import jobstate
 from workers.delivery.lease import LeaseKeeper, index_key
 from workers.errors import FleetError, StoreError
+from workers.events import SINK_TASK
 
 log = logging.getLogger(__name__)
 
-SINK_TASK = "fleet.sink_job"
 LOCK_WAIT_S = 3600
 AUTO_DEDUP_S = 300
 
