@@ -170,7 +170,7 @@ def test_gpu_check_on_the_simulator_orders_the_plain_client_around_the_fleet(
     import os
     import subprocess
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "FLEET_SIM_SPEED": "5", "FLEET_SIM_CALIBRATION": "h200-dummy",
+    env = {**os.environ, "FLEET_SIM_SPEED": "25", "FLEET_SIM_CALIBRATION": "h200-dummy",
            "PYTHONPATH": str(root)}
     res = subprocess.run(
         [sys.executable, "-m", "bench.gpu_check", "--engine", "sim", "--gpus", "1",
