@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.engine.allocator import reserved_bytes
+from workers.engine.mamba2 import mamba2_params
 
 # The KV pool and the weights count bytes per element of these dtypes.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -308,10 +309,8 @@ def _falcon_h1(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: in
     """``models/falcon_h1.py``: every layer holds the rope, ``qkv_proj``/``o_proj``, a
     ``MambaMixer2``, the gated MLP, two norms, ``q_norm``/``k_norm`` and the ``mup_vector``
     buffer; the LM head is then cast to float32 (``self.lm_head = self.lm_head.float()``)."""
-    from workers.engine.model_config import mamba2_params  # the one reading of the keys
-
     hidden, inter = int(text["hidden_size"]), int(text["intermediate_size"])
-    m = mamba2_params(text, "FalconH1ForCausalLM")
+    m = mamba2_params(text, "FalconH1ForCausalLM", int(text["hidden_size"]))
     embed = _embed(t, text)
     for _ in kinds:
         t.rope(*rope_shape(text, head_dim))
@@ -336,10 +335,8 @@ def _nemotron_h(t: Trace, text: Mapping[str, Any], kinds: list[str], head_dim: i
     """``models/nemotron_h.py``: per ``layers_block_type`` entry a Mamba-2 mixer, an attention
     block (no rope), a non-gated MLP (``relu2``) or a MoE block (float32 router and correction
     bias, non-gated experts, shared experts), each with one norm; then ``norm_f`` and the head."""
-    from workers.engine.model_config import mamba2_params
-
     hidden = int(text["hidden_size"])
-    m = mamba2_params(text, "NemotronHForCausalLM")
+    m = mamba2_params(text, "NemotronHForCausalLM", int(text["hidden_size"]))
     bias = bool(_get(text, "mlp_bias", False))
     _embed(t, text)
     for kind in kinds:
@@ -371,10 +368,8 @@ def _granite_hybrid(t: Trace, text: Mapping[str, Any], kinds: list[str], head_di
     gated experts) and the shared MLP, two norms; a tied head is allocated, then replaced by the
     embedding. Absent keys take ``configs/granitemoehybrid.py``'s defaults (``nope``, tied,
     ``shared_intermediate_size`` 8192, no experts)."""
-    from workers.engine.model_config import mamba2_params
-
     hidden = int(text["hidden_size"])
-    m = mamba2_params(text, "GraniteMoeHybridForCausalLM")
+    m = mamba2_params(text, "GraniteMoeHybridForCausalLM", int(text["hidden_size"]))
     experts = int(_get(text, "num_local_experts", 0))
     shared = int(_get(text, "shared_intermediate_size", 8192))  # the config class's defaults
     _embed(t, text)
