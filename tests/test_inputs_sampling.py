@@ -232,7 +232,7 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
         "samples": 1}
     # The logprobs the rows asked for are kept (as the engine's JSON), one per output token.
     store = open_store(fleet_env["FLEET_STORE_URL"])
-    _, _, rows, _ = batch_rows(store, "oai", 0)
+    rows = batch_rows(store, "oai", 0).rows
     for row in rows:
         content = orjson.loads(row["logprobs"])["content"]
         assert len(content) == row["completion_tokens"]  # the stop token too, as in SGLang
@@ -242,7 +242,7 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
         for i in range(3)] + [{"custom_id": "none", "body": {"prompt": "q", "max_tokens": 8}}])
     assert run_producer(fleet_env, "enqueue", str(src), "--job", "gen").returncode == 0
     assert wait_done(fleet_env, "gen")["completed"] == 4
-    _, _, rows, _ = batch_rows(store, "gen", 0)
+    rows = batch_rows(store, "gen", 0).rows
     assert rows[-1]["logprobs"] is None  # not asked for, not stored
     for row in rows[:-1]:
         got = orjson.loads(row["logprobs"])

@@ -66,7 +66,6 @@ from workers.dataset.verify import (
     RowCheck,
     iter_batches,
     prefetched,
-    samples_of_batch,
     stored_batches,
 )
 from workers.retry import RetryPolicy
@@ -170,8 +169,8 @@ def write_shards(store: Store, spec: JobSpec, limits: ShardLimits, tmp: Path, ve
     shards: list[ShardInfo] = []
     check, cur = RowCheck(spec), None
     schema = job_schema(spec)
-    for batch, raw, stored, ids in iter_batches(store, spec):
-        check.samples = samples_of_batch(store, spec, batch)
+    for batch, raw, stored, ids, samples in iter_batches(store, spec):
+        check.samples = samples
         rows = [row for row in stored if check.accept(batch, row, ids)]
         if not rows:
             continue

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from workers.dataset.jobs import (
     JobSpec,
@@ -132,12 +132,6 @@ def staged_rows(store: Store, job: str, batch: int) -> list[dict[str, Any]] | No
         return None
 
 
-def staged_ids(store: Store, job: str, batch: int) -> StagedIds:
-    """index -> id of a batch's staged prompts (None when the staged object is gone)."""
-    rows = staged_rows(store, job, batch)
-    return None if rows is None else {int(r["index"]): str(r["id"]) for r in rows}
-
-
 def staged_samples(rows: list[dict[str, Any]] | None, job_samples: int) -> StagedSamples:
     """index -> samples of each staged row (its own ``n``, else the job's)."""
     if rows is None:
@@ -145,13 +139,26 @@ def staged_samples(rows: list[dict[str, Any]] | None, job_samples: int) -> Stage
     return {int(r["index"]): row_samples(r.get("params"), job_samples) for r in rows}
 
 
-def batch_rows(store: Store, job: str, batch: int
-               ) -> tuple[int, bytes, list[dict[str, Any]], StagedIds]:
-    """(batch, raw result bytes, rows sorted by (index, sample), staged ids) of one stored
-    batch."""
+class StoredBatch(NamedTuple):
+    """One stored batch as verify and the sink read it."""
+
+    batch: int
+    raw: bytes  # the result object's bytes
+    rows: list[dict[str, Any]]  # sorted by (index, sample)
+    ids: StagedIds  # index -> id of the staged prompts (None: the staged input is gone)
+    samples: StagedSamples  # index -> samples (None: a one-sample job, or no staged input)
+
+
+def batch_rows(store: Store, job: str, batch: int, job_samples: int | None = None
+               ) -> StoredBatch:
+    """One stored batch with its staged prompts' ids, and their samples when ``job_samples``
+    is given (the job's N: a job of several samples). The staged input is read once."""
     raw = store.get(result_key(job, batch))
     rows = sorted(decode_rows(raw), key=row_unit)
-    return batch, raw, rows, staged_ids(store, job, batch)
+    staged = staged_rows(store, job, batch)
+    ids = None if staged is None else {int(r["index"]): str(r["id"]) for r in staged}
+    samples = None if job_samples is None else staged_samples(staged, job_samples)
+    return StoredBatch(batch, raw, rows, ids, samples)
 
 
 def stored_batches(store: Store, job: str) -> list[int]:
@@ -160,25 +167,18 @@ def stored_batches(store: Store, job: str) -> list[int]:
                   if (b := batch_of_result_key(k)) is not None)
 
 
-def iter_batches(store: Store, spec: JobSpec
-                 ) -> Iterator[tuple[int, bytes, list[dict[str, Any]], StagedIds]]:
+def iter_batches(store: Store, spec: JobSpec) -> Iterator[StoredBatch]:
     """Every stored batch of ``spec`` in order, read a few ahead (see :func:`batch_rows`)."""
-    yield from prefetched(lambda b: batch_rows(store, spec.name, b),
+    several = spec.sampling.samples if spec.expected_samples != spec.total else None
+    yield from prefetched(lambda b: batch_rows(store, spec.name, b, several),
                           stored_batches(store, spec.name))
-
-
-def samples_of_batch(store: Store, spec: JobSpec, batch: int) -> StagedSamples:
-    """index -> samples of a batch's rows; None for a one-sample job (nothing to read)."""
-    if spec.expected_samples == spec.total:
-        return None
-    return staged_samples(staged_rows(store, spec.name, batch), spec.sampling.samples)
 
 
 def verify_job(store: Store, spec: JobSpec) -> dict[str, Any]:
     """Check every stored batch result against the job; see the module docstring."""
     check = RowCheck(spec)
-    for batch, _, rows, ids in iter_batches(store, spec):
-        check.samples = samples_of_batch(store, spec, batch)
-        for row in rows:
-            check.accept(batch, row, ids)
+    for stored in iter_batches(store, spec):
+        check.samples = stored.samples
+        for row in stored.rows:
+            check.accept(stored.batch, row, stored.ids)
     return check.report()
