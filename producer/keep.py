@@ -49,10 +49,15 @@ def parse_keep(raw: str | None) -> list[str] | None:
     if ALL in names and len(names) > 1:
         raise InputError("--keep-columns", None, "'*' keeps every column; give it alone")
     for name in names:
-        if name in reserved_columns():
-            raise InputError("--keep-columns", None, f"column {name!r} collides with the "
-                             f"fleet's own data-set column {name!r}; rename it in the input")
+        check_not_reserved(name)
     return names
+
+
+def check_not_reserved(name: str) -> None:
+    """InputError naming ``name`` when it is one of the fleet's own data-set columns."""
+    if name in reserved_columns():
+        raise InputError("--keep-columns", None, f"column {name!r} collides with the "
+                         f"fleet's own data-set column {name!r}; rename it in the input")
 
 
 def _kind(value: Any) -> str:
@@ -97,14 +102,9 @@ class KeepColumns:
         """``--keep-columns '*'``."""
         return self.wanted == [ALL]
 
-    def _check(self, name: str) -> None:
-        if name in reserved_columns():
-            raise InputError("--keep-columns", None, f"column {name!r} collides with the "
-                             f"fleet's own data-set column {name!r}; rename it in the input")
-
     def _note(self, name: str) -> None:
         if name not in self.order:
-            self._check(name)
+            check_not_reserved(name)
             self.order.append(name)
             self.kinds.setdefault(name, set())
 
