@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-GRAMMARS = ("json_schema", "regex", "ebnf")
+from workers.engine.sampling import GRAMMARS  # SamplingParams.verify: one per request
 
 
 def check_grammar(params: dict[str, Any]) -> None:
