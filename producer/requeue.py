@@ -34,7 +34,7 @@ from workers.dataset.jobs import (
     staged_sha256,
 )
 from workers.dataset.manifest import encode_manifest, load_manifest, manifest_key, success_key
-from workers.dataset.samples import row_unit, unit_key
+from workers.dataset.samples import row_key
 from workers.dataset.sink_lock import SinkLock
 from workers.dataset.store import Store
 from workers.delivery import jobstate
@@ -94,7 +94,7 @@ def _reopen(store: Store, r: redis.Redis, job: str, batch: int, keep: list[dict[
     if keep:  # the kept rows wait in the store; Redis records where, as the workers do
         # Per (prompt, sample): the other samples of a prompt with a failed one are kept.
         pipe.hset(keys.progress(batch),
-                  mapping={unit_key(*row_unit(x)): chunk for x in keep})
+                  mapping={row_key(x): chunk for x in keep})
     # The batch now adds only the rows it keeps; the redone ones count again when recorded.
     jobstate.set_batch_counts(pipe, job, batch, jobstate.batch_counts(keep))
     pipe.hdel(f"{keys.job}:crashes", *{str(x["index"]) for x in redo})

@@ -44,7 +44,7 @@ from workers.dataset.jobs import (
     result_key,
 )
 from workers.dataset.manifest import launch_digest, row_bucket
-from workers.dataset.samples import row_samples, row_unit, unit_key
+from workers.dataset.samples import prompt_units, row_key, row_unit
 from workers.dataset.sink import prefetched, stored_batches
 from workers.dataset.store import Store
 from workers.delivery import jobstate, ownership, whereabouts
@@ -91,11 +91,10 @@ class SourceRows:
         for batch, inputs, results in prefetched(self._load, stored_batches(store, spec.name)):
             ok = {row_unit(r) for r in results
                   if r.get("status") == "ok" and r.get("launch_digest") == digest}
-            for row in inputs:
-                for sample in range(row_samples(row.params, spec.sampling.samples)):
-                    if (row.index, sample) in ok:
-                        self._where[content_key(spec, row, sample)].append(
-                            (batch, (row.index, sample)))
+            for row, sample in prompt_units(inputs, spec.sampling.samples):
+                if (row.index, sample) in ok:
+                    self._where[content_key(spec, row, sample)].append(
+                        (batch, (row.index, sample)))
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._where.values())
@@ -160,7 +159,7 @@ def _prefill(store: Store, r: redis.Redis, job: str, batch: int,
     chunk = spill_rows(store, job, batch, f"{REUSE_NODE}-{token[-12:]}", rows).encode()
     scratch = [f"{keys.job}:reuse:scratch:{n}" for n in range(3)]
     args = jobstate.record_args(batch, REUSE_NODE, token, [
-        (unit_key(*row_unit(x)), chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
+        (row_key(x), chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
     r.register_script(jobstate.RECORD_ROWS)(
         keys=[keys.progress(batch), keys.stats, keys.done, *scratch, keys.owner(batch),
               keys.bstats, keys.job], args=args)
@@ -190,8 +189,7 @@ def apply_reuse(store: Store, r: redis.Redis, spec: JobSpec, source: str,
     todo = _open_batches(store, r, spec)
     for batch in range(spec.n_batches):
         rows = load_batch_input(store, spec.name, batch)
-        units = [(row, s) for row in rows
-                 for s in range(row_samples(row.params, spec.sampling.samples))]
+        units = list(prompt_units(rows, spec.sampling.samples))
         hits = {(row.index, s): w for row, s in units
                 if not row.error and (w := src.take(content_key(spec, row, s))) is not None}
         if batch not in todo or not hits:

@@ -13,6 +13,7 @@ stored result row carries ``sample`` as an integer.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -43,6 +44,18 @@ def parse_unit_key(key: str | bytes) -> tuple[int, int]:
 def row_unit(row: dict[str, Any]) -> tuple[int, int]:
     """(index, sample) of a stored result row (rows from before samples are sample 0)."""
     return int(row["index"]), int(row.get("sample") or 0)
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """Progress-hash field of a stored result row."""
+    return unit_key(*row_unit(row))
+
+
+def prompt_units(rows: Iterable[Any], job_samples: int) -> Iterator[tuple[Any, int]]:
+    """(row, sample) for every sample of every staged row (``row.params``: its own ``n``)."""
+    for row in rows:
+        for sample in range(row_samples(row.params, job_samples)):
+            yield row, sample
 
 
 def sample_seed(seed: int | None, prompt: Any, sample: int) -> int:

@@ -19,7 +19,7 @@ from config.settings import Settings
 from workers.context import WorkerIdentity
 from workers.dataset.jobs import JobSpec, PromptRow, progress_chunk_key, progress_prefix
 from workers.dataset.manifest import row_bucket
-from workers.dataset.samples import row_unit, unit_key
+from workers.dataset.samples import row_key, row_unit
 from workers.dataset.store import Store
 from workers.delivery import jobstate
 from workers.delivery.ownership import LostOwnership
@@ -140,7 +140,7 @@ class ProgressRecorder:
         """Queue one finished row for the next flush."""
         kind, data = row_bucket(result), orjson.dumps(result)
         self._buf.setdefault(kind, []).append(
-            (unit_key(*row_unit(result)), data, kind, result["completion_tokens"]))
+            (row_key(result), data, kind, result["completion_tokens"]))
         self._bytes += len(data)
         self._since = self._since if self._since is not None else time.monotonic()
 
