@@ -7,6 +7,9 @@ GPUS ?= 7
 # GPUs of one tensor-parallel engine: GPUS=8 GPUS_PER_ENGINE=2 gives workers gpu0-1 ... gpu6-7.
 GPUS_PER_ENGINE ?= 1
 STAGGER ?= 30
+# pytest-xdist workers of `make test`: most tests wait on real processes (Redis, Celery
+# workers, simulators), so a few more workers than cores still pays on a 2-core machine.
+TEST_WORKERS ?= 3
 # Minutes `make soak` keeps running fault-and-operator schedules (tests/chaos/).
 SOAK_MINUTES ?= 30
 
@@ -49,7 +52,7 @@ demo: install redis-bin
 test: install redis-bin chromium-bin
 	$(PY) tools/check_lock.py
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 lint: install
 	$(PY) -m ruff check .
@@ -68,8 +71,8 @@ gpu-check: install redis-bin
 	$(PY) -c "import sglang" 2>/dev/null || $(PIP) install -q -e '.[gpu]'
 	$(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
-# Seeded schedules of faults and operator actions against a local fleet, one after another for
-# SOAK_MINUTES; prints schedules, faults, actions, prompts, lost, duplicated and failing seeds.
+# Seeded schedules of faults and operator actions against a local fleet (the tests marked
+# `soak`, which `make test` leaves out), one after another for SOAK_MINUTES; prints schedules, faults, actions, prompts, lost, duplicated and failing seeds.
 soak: install redis-bin
 	$(PY) -m tests.chaos.soak --minutes $(SOAK_MINUTES)
 

@@ -94,6 +94,9 @@ class Timeline:
     t_started: float | None = None  # first batch taken from the queue
     t_all_taken: float | None = None  # every batch taken from the queue (running or done)
     t_done: float | None = None  # every batch done
+    # The job's last row recorded (its ``last_row_at``, on this clock): the moment a plain
+    # client's run ends, before the fleet writes the last results.
+    t_last_row: float | None = None
     decode_at_start: float | None = None  # decode-token counter, read in the t_first sample
     decode_at_all_taken: float | None = None
     decode_at_done: float | None = None
@@ -110,6 +113,14 @@ class Timeline:
         """Mean busy-slot fraction from the first request until the last batch was taken (or,
         ``whole``, until the job was done)."""
         window = self._window(whole)
+        return sum(busy for _, busy, _ in window) / len(window) if window else 0.0
+
+    def occupancy_to_last_row(self) -> float:
+        """Mean busy-slot fraction from the first request until the job's last row was
+        recorded: the window a plain client's occupancy covers (it ends with its last
+        response), without the fleet's writing of the last results after it."""
+        end = self.t_last_row or self.t_done
+        window = [s for s in self._window(whole=True) if end is None or s[0] <= end]
         return sum(busy for _, busy, _ in window) / len(window) if window else 0.0
 
     def _decode_rate(self, last: float | None, end: float | None) -> float:
@@ -261,5 +272,8 @@ class JobWatch:
             if done >= self.n_batches:
                 tl.t_done = time.monotonic()
                 tl.decode_at_done = self._decode_tokens()
+                last = self.r.hget(jobstate.Keys(self.job).job, "last_row_at")
+                if last:
+                    tl.t_last_row = min(tl.t_done, tl.t_done - (time.time() - float(last)))
                 return
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))

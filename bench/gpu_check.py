@@ -25,7 +25,14 @@ start time, effective cap, tokens/s from the engines' own ``/metrics``, occupanc
 - ``--anchor``: then SGLang's own ``python -m sglang.bench_offline_throughput`` runs on GPU 0
   with the same launch flags, the main job's rows' lengths and the same sampling
   (``bench/sglang_anchor.py`` says how the rows reach it); summary key ``sglang_offline``
-  with ``output_tok_s`` and ``fleet_ratio`` (the fleet's job's decode tokens/s ÷ it).
+  with ``output_tok_s`` and ``fleet_ratio`` (the fleet's job's decode tokens/s ÷ it), and
+  ``occupancy_from_log``: its scheduler's running-request lines, read as the fleet's engines'
+  logs are for the job's ``occupancy_from_log`` (``bench/log_occupancy.py``), so the engine's
+  own churn is told apart from the fleet's.
+
+Batches follow the runbook by default (``--batch-size 0``): 4 × the in-flight budget of the
+largest engine (cap × headroom + 1; 204 at cap 40), the bound below which a batch is mostly
+tail.
 
 The main job's rows are the workload's shape (log-normal, sigma 0.8) at a mean of 500 output
 tokens, long enough that prefill is the workload's share of the work. Every request uses the
@@ -46,9 +53,6 @@ import asyncio
 import json
 import math
 import os
-import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,118 +60,28 @@ from typing import Any
 
 import httpx
 
-from bench.common import Fleet, local_fleet
+from bench import log_occupancy
+from bench.common import VERIFY_ROWS_OK, Fleet, local_fleet
 from bench.engines import JobWatch, LoadSampler, decode_tokens
+from bench.gpu_check_engines import capture_startup, engine_loads, kill_engine, visible_gpus
+from bench.gpu_check_report import goals, order_ratios, ratio, table
+from bench.gpu_check_rows import WORKLOAD_SIGMA, rows_summary, write_prompts
+from bench.gpu_check_tune import diagnose, tune_auto
 from bench.gpu_configs import gpu_memory_used_mib
 from bench.plain_client import read_prompts, run_plain
 from bench.sglang_anchor import run_anchor
 from config.launch_profile import load_profile
+from config.settings import load_settings
 from workers.delivery import jobstate
 
-# The workload's output lengths (docs/workload.md): log-normal, mean 2,490, capped at
-# --max-new-tokens 7000. A run of minutes on one GPU scales the mean down, keeps the shape.
-WORKLOAD_SIGMA = 0.8
 # Seconds between two samples of the engines' /v1/loads, for the fleet's job and a plain client.
 WATCH_INTERVAL_S = 0.5
 # The plain client's in-flight count with --plain-before and no --plain (the seed's later 96).
 DEFAULT_PLAIN = 96
-# Goals of issue 29: the fleet's busy slots until its last batch is taken, and the fleet's
-# whole job against SGLang's own offline engine on the same rows.
-OCCUPANCY_GOAL = 0.99
-OFFLINE_GOAL = 0.99
 
 
 class StartFailed(RuntimeError):
     """No worker's engine became healthy (the launch was refused or did not fit)."""
-
-
-def write_prompts(path: Path, n: int, mean_tokens: float, sigma: float, cap: int,
-                  seed: int) -> Path:
-    """``n`` OpenAI-batch chat rows, each with a seeded ``max_tokens`` from a log-normal."""
-    rng = random.Random(seed)
-    mu = math.log(mean_tokens) - sigma * sigma / 2
-    with path.open("w") as fh:
-        for i in range(n):
-            tokens = max(1, min(cap, round(rng.lognormvariate(mu, sigma))))
-            # OpenAI-batch lines: the form whose per-row max_tokens enqueue honours.
-            row = {"custom_id": f"gc-{i}", "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"max_tokens": tokens, "messages": [
-                       {"role": "user", "content": f"Explain idea {i} step by step."}]}}
-            fh.write(json.dumps(row) + "\n")
-    return path
-
-
-def rows_summary(path: Path, sigma: float) -> dict[str, Any]:
-    """What the rows ask for: count, shape, mean / min / max of their ``max_tokens``."""
-    lengths = [int(r["body"]["max_tokens"]) for r in read_prompts(path)]
-    return {"prompts": len(lengths), "sigma": sigma,
-            "mean_tokens": round(sum(lengths) / max(len(lengths), 1), 1),
-            "min_tokens": min(lengths, default=0), "max_tokens": max(lengths, default=0),
-            "sampling": "the model's generation_config (sampled, not greedy)"}
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    """num ÷ den to 3 places; None when either is missing."""
-    if not num or not den:
-        return None
-    return round(num / den, 3)
-
-
-def order_ratios(job: dict[str, Any], before: list[dict[str, Any]],
-                 after: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fleet ÷ plain for each in-flight count measured before and after the fleet's job,
-    and their mean (the order-controlled figure)."""
-    out = []
-    for b in before:
-        a = next((p for p in after if p["in_flight"] == b["in_flight"]), None)
-        rb = ratio(job.get("decode_tok_s"), b.get("decode_tok_s"))
-        ra = ratio(job.get("decode_tok_s"), a.get("decode_tok_s")) if a else None
-        both = [r for r in (rb, ra) if r is not None]
-        out.append({"in_flight": b["in_flight"], "before": rb, "after": ra,
-                     "mean": round(sum(both) / len(both), 3) if both else None})
-    return out
-
-
-def goals(summary: dict[str, Any]) -> dict[str, Any]:
-    """Issue 29's two goals, measured and met or not."""
-    out: dict[str, Any] = {}
-    for key in ("job", "fixed_job"):
-        job = summary.get(key)
-        if job:
-            occ = job.get("occupancy_until_all_taken")
-            out[f"{key}_occupancy_until_all_taken"] = {
-                "value": occ, "goal": OCCUPANCY_GOAL,
-                "met": occ is not None and occ >= OCCUPANCY_GOAL}
-    anchor = summary.get("sglang_offline") or {}
-    if anchor.get("fleet_ratio") is not None:
-        out["fleet_vs_sglang_offline"] = {"value": anchor["fleet_ratio"], "goal": OFFLINE_GOAL,
-                                          "met": anchor["fleet_ratio"] >= OFFLINE_GOAL}
-    return out
-
-
-def visible_gpus() -> int:
-    """GPUs nvidia-smi lists (CUDA_VISIBLE_DEVICES is the workers' business, not ours)."""
-    return len(gpu_memory_used_mib())
-
-
-def engine_loads(url: str) -> dict[str, Any]:
-    """``/v1/loads`` entry of one engine (its effective cap and pool)."""
-    return httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"][0]
-
-
-def kill_engine(gpu: int) -> int | None:
-    """SIGKILL the process group of the engine guard of ``gpu`` (the engine dies at once)."""
-    out = subprocess.run(["pgrep", "-f", "workers.engine.guard"], capture_output=True,
-                         text=True).stdout.split()
-    for pid in map(int, out):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"CUDA_VISIBLE_DEVICES={gpu}".encode() in env or len(out) == 1:
-            os.killpg(pid, signal.SIGKILL)
-            return pid
-    return None
 
 
 def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path, n: int,
@@ -176,6 +90,7 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
     """Enqueue, watch from the engines' side until done, verify; ``during(timeline)`` runs
     once the first request is running."""
     n_batches = math.ceil(n / batch_size)
+    wall_start = time.time()
     with JobWatch(urls, caps, fleet.r, job, n_batches, WATCH_INTERVAL_S) as watch:
         fleet.producer("enqueue", str(prompts), "--job", job, "--batch-size", str(batch_size),
                        "--max-new-tokens", str(max_new))
@@ -186,9 +101,16 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
                 time.sleep(0.2)
             extra = during(watch.timeline) or {}
         tl = watch.wait(timeout_s)
-    verify = json.loads(fleet.producer("verify", "--job", job, "--json").stdout)
+    wall_end = time.time()
+    verify = json.loads(fleet.producer("verify", "--job", job, "--json",
+                                        ok_codes=VERIFY_ROWS_OK).stdout)
+    # The engines' own view of the same job (their logs' running-request lines).
+    from_log = [log_occupancy.fleet_job(fleet.workdir / "logs" / f"engine-gpu{g}.log",
+                                        wall_start, wall_end, cap) for g, cap in enumerate(caps)]
     counters = jobstate.counters(fleet.r, job)
-    return {"job": job, "prompts": n, "batches": n_batches, "seconds": round(tl.end_to_end_s, 1),
+    return {"job": job, "prompts": n, "batches": n_batches, "batch_size": batch_size,
+            "seconds": round(tl.end_to_end_s, 1),
+            "occupancy_from_log": _mean_occupancy(from_log), "engine_logs": from_log,
             # None when an engine restarted in the job: its counter started again at 0.
             "decode_tok_s": round(rate, 1) if (rate := tl.whole_decode_rate()) > 0 else None,
             "occupancy": round(tl.occupancy(whole=True), 3),
@@ -206,6 +128,18 @@ def run_fleet_job(fleet: Fleet, urls: list[str], caps: list[int], prompts: Path,
             "verify": verify, **extra}
 
 
+def _mean_occupancy(parts: list[dict[str, Any]]) -> float | None:
+    """The GPUs' mean of their log occupancies (None where no GPU logged a decode line)."""
+    got = [p["occupancy"] for p in parts if p.get("occupancy") is not None]
+    return round(sum(got) / len(got), 3) if got else None
+
+
+def runbook_batch_size(caps: list[int], headroom: float) -> int:
+    """The runbook's batch for these engines: 4 x the in-flight budget (cap x headroom + 1)
+    of the largest (docs/runbook.md, "Sizing --batch-size")."""
+    return 4 * (math.ceil(max(caps) * (headroom or load_settings().client_headroom)) + 1)
+
+
 def run_plain_client(urls: list[str], caps: list[int], prompts: Path, in_flight: int,
                      max_new: int) -> dict[str, Any]:
     """The seed's client: ``in_flight`` requests per server, decode tok/s from /metrics. The
@@ -219,115 +153,6 @@ def run_plain_client(urls: list[str], caps: list[int], prompts: Path, in_flight:
             "output_tokens": result.output_tokens,
             "decode_tok_s": round((after - before) / max(result.seconds, 1e-9), 1),
             "occupancy": round(watch.occupancy(), 3)}
-
-
-def capture_startup(url: str, out: Path, stamp: str) -> list[str]:
-    """GPU 0's ``/server_info``, ``/v1/loads`` and ``/metrics`` as the healthy engine first
-    answers them, kept beside the summary (what the fleet's readers parse, per release)."""
-    kept = []
-    for path, name in (("/server_info", "server_info.json"), ("/v1/loads", "v1_loads.json"),
-                       ("/metrics", "metrics.txt")):
-        try:
-            body = httpx.get(f"{url}{path}", timeout=10).text
-        except httpx.HTTPError as exc:
-            body = f"error: {exc!r}"
-        (out / f"gpu-check-{stamp}-{name}").write_text(body)
-        kept.append(f"gpu-check-{stamp}-{name}")
-    return kept
-
-
-def tune_json(fleet: Fleet, *args: str, timeout_s: float) -> dict[str, Any]:
-    """``fleet tune ARGS --json`` as a user runs it; its JSON, or the error it printed."""
-    # Its log goes to a file beside the workers' as it runs: a run cut by the call's time limit
-    # keeps how far the tuner got.
-    log = fleet.workdir / "logs" / f"tune-{args[0]}.log"
-    with log.open("a") as err:
-        res = subprocess.run([sys.executable, "-m", "producer", "tune", *args, "--json"],
-                             env=fleet.env(), stdout=subprocess.PIPE, stderr=err, text=True,
-                             timeout=timeout_s)
-    try:
-        return dict(json.loads(res.stdout))
-    except json.JSONDecodeError:
-        return {"error": (res.stdout or log.read_text())[-1500:]}
-
-
-def tune_auto(fleet: Fleet, window_s: float) -> dict[str, Any]:
-    """``fleet tune auto`` on GPU 0 while the job runs; its report."""
-    return {"tune_auto": tune_json(fleet, "auto", "--canary", "gpu0", "--max-trials", "1",
-                                   "--window-s", str(window_s), "--settle-timeout-s", "240",
-                                   "--restart-timeout-s", "600", timeout_s=1500)}
-
-
-def diagnose(fleet: Fleet, gpu: int) -> dict[str, Any]:
-    """``fleet tune diagnose --gpu N`` on the live engine."""
-    return tune_json(fleet, "diagnose", "--gpu", str(gpu), timeout_s=300)
-
-
-def table(summary: dict[str, Any]) -> str:
-    """The summary as a plain two-column table."""
-    rows = [("profile", summary["profile"]), ("engine", summary["engine"]),
-            ("GPUs", summary["gpus"])]
-    for w in summary["workers"]:
-        rows.append((f"gpu{w['gpu']} start / cap / KV tokens",
-                     f"{w['healthy_after_s']} s / {w['cap']} / {w['max_total_num_tokens']:,}"))
-    rows += _table_rows(summary)
-    rows.append(("GPU memory used after stop (MiB)", summary.get("memory_after_stop_mib")))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _job_rows(key: str, j: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The table's lines for one fleet job (and the plain client run on its rows after it)."""
-    v = j["verify"]
-    rows: list[tuple[str, Any]] = [
-        (f"{key}: prompts / s / decode tok/s / stored tok/s / occupancy (until all taken)",
-         f"{j['prompts']} / {j['seconds']} / {j['decode_tok_s']} / {j['stored_tok_s']} / "
-         f"{j['occupancy']} ({j['occupancy_until_all_taken']})"),
-        (f"{key}: verify", f"ok={v['ok']} unique={v['unique']} missing={v['missing']} "
-         f"duplicates={v['duplicates']}")]
-    for p in j.get("plain", []):
-        rows.append((f"{key}: plain {p['in_flight']} in flight after: s / tok/s / occupancy / "
-                     "fleet ratio", f"{p['seconds']} / {p['decode_tok_s']} / "
-                     f"{p.get('occupancy')} / {p.get('fleet_ratio')}"))
-    return rows
-
-
-def _table_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The table's lines for the rows, the jobs, the plain runs, the anchor and the goals."""
-    rows: list[tuple[str, Any]] = []
-    r = summary.get("rows")
-    if r:
-        rows.append(("rows: prompts / sigma / mean, min, max tokens / sampling",
-                     f"{r['prompts']} / {r['sigma']} / {r['mean_tokens']}, {r['min_tokens']}, "
-                     f"{r['max_tokens']} / {r['sampling']}"))
-    for p in summary.get("plain_before", []):
-        rows.append((f"plain {p['in_flight']} in flight, before: s / tok/s / occupancy / "
-                     "fleet ratio", f"{p['seconds']} / {p['decode_tok_s']} / "
-                     f"{p.get('occupancy')} / {p.get('fleet_ratio')}"))
-    for key in ("job", "fixed_job", "fault_job"):
-        if summary.get(key):
-            rows += _job_rows(key, summary[key])
-    for p in summary.get("plain", []):
-        rows.append((f"plain {p['in_flight']} in flight: s / tok/s / occupancy / fleet ratio",
-                     f"{p['seconds']} / {p['decode_tok_s']} / {p.get('occupancy')} / "
-                     f"{p.get('fleet_ratio')}"))
-    for o in summary.get("fleet_vs_plain", []):
-        rows.append((f"fleet / plain {o['in_flight']}: before / after / mean",
-                     f"{o['before']} / {o['after']} / {o['mean']}"))
-    a = summary.get("sglang_offline")
-    if a:
-        rows.append(("sglang_offline: output tok/s / s / fleet ratio",
-                     f"{a.get('output_tok_s')} / {a.get('seconds')} / {a.get('fleet_ratio')}"
-                     if "error" not in a else f"error: {a['error'][:200]}"))
-    if sv := summary.get("samples_vs_copies"):
-        rows.append((f"{sv['prompts']} prompts x {sv['samples']} samples vs copies: tok/s ratio "
-                     "/ prefill ratio samples / copies",
-                     f"{sv['tok_s_ratio']:.3f} / {sv['prefill_ratio_samples']:.3f} / "
-                     f"{sv['prefill_ratio_copies']:.3f} (verified {sv['verified'] == 1.0})"))
-    for name, g in summary.get("goals", {}).items():
-        rows.append((f"goal {name}", f"{g['value']} (>= {g['goal']}: "
-                     f"{'met' if g['met'] else 'not met'})"))
-    return rows
 
 
 def ordered_jobs(fleet: Fleet, args: argparse.Namespace, stamp: str, summary: dict[str, Any],
@@ -392,6 +217,9 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
                            "max_total_num_tokens": int(lo["max_total_num_tokens"])}
                           for g, lo in enumerate(engine_loads(u) for u in urls)]
     caps = [w["cap"] for w in summary["workers"]]
+    if args.batch_size <= 0:
+        args.batch_size = runbook_batch_size(caps, args.headroom)
+    summary["batch_size"] = args.batch_size
     summary["startup_captures"] = capture_startup(urls[0], args.out, stamp)
     result.write_text(json.dumps(summary, indent=2) + "\n")
     prompts = write_prompts(fleet.workdir / "prompts.jsonl", args.prompts, args.mean_tokens,
@@ -445,6 +273,9 @@ def anchor(fleet: Fleet, args: argparse.Namespace, summary: dict[str, Any],
                      args.max_new_tokens, fleet.workdir, fleet.workdir / "logs" / "anchor.log",
                      args.anchor_timeout_s, installed_version(), args.seed)
     out["fleet_ratio"] = ratio(summary["job"].get("decode_tok_s"), out.get("output_tok_s"))
+    # Its occupancy from its log, read as the fleet's engines' logs are (bench/log_occupancy.py).
+    out["occupancy_from_log"] = log_occupancy.anchor_run(
+        fleet.workdir / "logs" / "anchor.log", summary["workers"][0]["cap"])
     out["order"] = "after the fleet's workers stopped, on its own fresh engine"
     summary["sglang_offline"] = out
     result.write_text(json.dumps(summary, indent=2) + "\n")
@@ -460,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mean-tokens", type=float, default=500.0)
     ap.add_argument("--sigma", type=float, default=WORKLOAD_SIGMA, help="0: every row the mean")
     ap.add_argument("--max-new-tokens", type=int, default=3000)
-    ap.add_argument("--batch-size", type=int, default=100,
-                    help="rows per batch (>= 2 x the in-flight budget, or a worker runs dry)")
+    ap.add_argument("--batch-size", type=int, default=0,
+                    help="rows per batch (default: the runbook's, 4 x the in-flight budget)")
     ap.add_argument("--batches-per-gpu", type=int, default=0,
                     help="FLEET_BATCHES_PER_GPU of the workers (default: the setting's)")
     ap.add_argument("--plain", default="", help="comma-separated in-flight counts")

@@ -33,6 +33,7 @@ class JobResult:
     model: EngineModel
     cpu_busy: float  # fraction of the machine's cores busy during the job
     cpu_cores: dict[str, float]  # cores used on average by workers, engines, Redis
+    splits: tuple[int, int] = (0, 0)  # parts split off batches at the job's end, their rows
 
     @property
     def ideal_tokens_per_s(self) -> float:
@@ -95,7 +96,10 @@ def run_job(fleet: Fleet, gpus: int, prompts: Path, n_prompts: int, job: str, ba
     if stop_when_all_taken:
         fleet.producer("cancel", "--job", job)
     tokens = jobstate.counters(fleet.r, job)["output_tokens"]
+    parts, split_rows = (int(n or 0) for n in fleet.r.hmget(jobstate.Keys(job).job,
+                                                             list(jobstate.SPLIT_FIELDS)))
     result = JobResult(label=job, prompts=n_prompts, gpus=gpus, timeline=timeline,
-                       output_tokens=tokens, model=model, cpu_busy=busy, cpu_cores=cores)
+                       output_tokens=tokens, model=model, cpu_busy=busy, cpu_cores=cores,
+                       splits=(parts, split_rows))
     note(result.summary())
     return result

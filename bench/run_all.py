@@ -16,8 +16,8 @@ import time
 from bench.common import ROOT, machine
 
 # Cheapest first, so a broken setup shows early.
-BENCHMARKS = ("overhead", "control_plane", "redis_peak", "s3_staging", "occupancy", "vs_plain",
-              "scaling", "tuner_gain")
+BENCHMARKS = ("exports", "overhead", "control_plane", "quality", "redis_peak", "s3_staging",
+              "occupancy", "vs_plain", "elastic_hold", "idle_gpus", "scaling", "tuner_gain")
 
 
 def main(argv: list[str] | None = None) -> int:

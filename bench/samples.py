@@ -36,7 +36,17 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.common import PROFILE, ROOT, Fleet, Goal, _corpus, local_fleet, note, verdict
+from bench.common import (
+    PROFILE,
+    ROOT,
+    VERIFY_ROWS_OK,
+    Fleet,
+    Goal,
+    _corpus,
+    local_fleet,
+    note,
+    verdict,
+)
 from bench.engines import parse_counter
 from workers.sim.textgen import count_chat_tokens
 
@@ -94,7 +104,8 @@ def run(fleet: Fleet, urls: list[str], path: Path, job: str, max_new_tokens: int
             break
         time.sleep(0.5)
     wall = time.monotonic() - t0
-    report = orjson.loads(fleet.producer("verify", "--job", job, "--json").stdout)
+    report = orjson.loads(fleet.producer("verify", "--job", job, "--json",
+                                        ok_codes=VERIFY_ROWS_OK).stdout)
     after = counters(urls)
     got = {k: after[k] - before[k] for k in after}
     got.update(wall_s=wall, tok_s=got["decode"] / wall, rows=report["rows"],

@@ -24,7 +24,15 @@ import json
 import subprocess
 import sys
 
-from bench.common import ROOT, Goal, local_fleet, note, verdict, write_chat_prompts
+from bench.common import (
+    ROOT,
+    VERIFY_ROWS_OK,
+    Goal,
+    local_fleet,
+    note,
+    verdict,
+    write_chat_prompts,
+)
 from workers.sim.calibration import B200_WORKLOAD
 from workers.sim.engine import accept_length
 
@@ -101,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  trial {trial['new_profile']}: {trial['reason']}")
         fleet.producer("status", "--job", "tune", "--watch", "--json", "--interval", "2",
                        timeout_s=900)
-        check = json.loads(fleet.producer("verify", "--job", "tune", "--json").stdout)
+        check = json.loads(fleet.producer("verify", "--job", "tune", "--json",
+                                           ok_codes=VERIFY_ROWS_OK).stdout)
     seed_prediction()
     return verdict("tuner gain on the simulator (from qwen36-27b-baseline; on real GPUs: "
                    "unmeasured)", [

@@ -15,6 +15,9 @@ from pydantic import BaseModel, Field
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
 FlagValue = str | int | float | bool | list[str | int | float]
+# Flags that shape what a request's answer holds (SGLang's reasoning and tool-call parsers):
+# a job enqueued for a profile with them needs an engine started with the same values.
+OUTPUT_FLAGS = ("reasoning-parser", "tool-call-parser")
 
 
 class ProfileError(ValueError):
@@ -48,6 +51,10 @@ class LaunchProfile(BaseModel):
                 flags[dashed] = value
         return self.model_copy(update={"name": name, "flags": flags})
 
+    def output_flags(self) -> dict[str, str | None]:
+        """The :data:`OUTPUT_FLAGS` of this profile (None: not set)."""
+        return {k: None if self.flag(k) is None else str(self.flag(k)) for k in OUTPUT_FLAGS}
+
     def to_argv(self) -> list[str]:
         """Render the flags as argv: True -> ``--k``, False -> omitted, list -> ``--k a b``."""
         argv: list[str] = []
@@ -78,3 +85,9 @@ def load_profile(name_or_path: str) -> LaunchProfile:
         raise ProfileError(f"{path}: {exc}") from exc
     data.setdefault("name", path.stem)
     return LaunchProfile.model_validate(data)
+
+
+def unmet_needs(needs: dict[str, str | None], have: dict[str, str | None]) -> list[str]:
+    """``flag value`` for each output flag a job needs (set, not None) that an engine started
+    with ``have`` lacks or sets otherwise (empty: the engine serves the job)."""
+    return [f"{k} {v}" for k, v in sorted(needs.items()) if v is not None and have.get(k) != v]

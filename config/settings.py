@@ -42,7 +42,19 @@ def redis_url(url: str, password: str | None = None) -> str:
     query = parts.query
     if parts.scheme == "rediss" and "ssl_cert_reqs" not in dict(parse_qsl(query)):
         query = urlencode([*parse_qsl(query), ("ssl_cert_reqs", "required")])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    out = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if parts.scheme == "unix" and not netloc:
+        # urlunsplit writes unix:/path for an empty host; redis-py wants unix:///path.
+        out = "unix://" + out.removeprefix("unix:")
+    return out
+
+
+def broker_url(url: str) -> str:
+    """The Redis URL as kombu (Celery's broker) spells it: a Unix socket ``unix:///path`` is
+    kombu's ``redis+socket:///path``; any other URL is kept as it is."""
+    if url.startswith("unix://"):
+        return "redis+socket://" + url.removeprefix("unix://")
+    return url
 
 
 def refuse_placeholder(name: str, value: str | None) -> None:
@@ -76,6 +88,9 @@ class SimSettings(BaseSettings):
     # job, MTP accept ~3.5) or "h200-dummy" (real SGLang 0.5.11 on one H200, dummy weights,
     # accept ~1.0); its GPU memory and start-up time apply unless set above.
     calibration: str = "b200-workload"
+    # What the answers say (workers/sim/answers.py): normal, near-empty, no-reasoning or
+    # markers (the reasoning left in the content between <think> tags).
+    answer: str = "normal"
 
 
 class S3Settings(BaseSettings):
@@ -113,18 +128,27 @@ class Settings(BaseSettings):
     redis_password: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("FLEET_REDIS_PASSWORD", "REDIS_PASSWORD",
                                                     "redis_password"))
+    # Seconds a starting worker waits for Redis to answer; still unreachable, it prints one
+    # line and exits 4 (a supervisor or the operator starts it again once Redis is up).
+    redis_startup_wait_s: float = 30.0
     # Result/staging store: file:///abs/path (embedded default) or s3://bucket/prefix.
     store_url: str = Field(default_factory=_default_store_url)
     # enqueue refuses a store on this node (a folder, MinIO on the node: lost when a rented
     # node is returned) unless this is set (workers/dataset/location.py).
     allow_node_local_store: bool = False
+    # Quality gates every new job starts from, as enqueue --quality takes them, comma-separated
+    # ("near_empty=2%,truncated=10%"; docs/output.md); a job's own --quality wins.
+    quality: str | None = None
+    # A running job's live quality warning needs this many measured rows first
+    # (workers/delivery/quality_live.py).
+    quality_early_rows: int = 200
 
     # --- engine -------------------------------------------------------------------------
     engine: Literal["sglang", "sim"] = "sim"
     # Name of a TOML launch profile under config/profiles/ (without .toml), or a path.
     profile: str = "qwen36-27b"
     # The worker's GPU or GPU group when no queue names one (``2``, ``0-1``, ``0+1``; spelled
-    # as queue names, workers/gpu_group.py); a queue that names other GPUs is refused.
+    # as queue names, workers/node/gpu_group.py); a queue that names other GPUs is refused.
     gpu: str | None = None
     # CUDA_VISIBLE_DEVICES of the engine; default: the group's GPU indices. A container that
     # reserves N GPUs sees them as devices 0..N-1 whatever their host indices: set
@@ -151,8 +175,13 @@ class Settings(BaseSettings):
     client_headroom: float = 1.25
     # Explicit client concurrency per batch (overrides the cap-derived value).
     client_concurrency: int | None = None
-    # Batches a worker runs at once: >1 lets the next batch fill slots during a batch's tail.
-    batches_per_gpu: int = 2
+    # Batches a worker may hold at once (its pool's processes): the elastic hold
+    # (workers/delivery/hold.py) takes one more only while those it holds have nothing left to
+    # send, so this bounds memory and Redis (batch size x answer size x batches), not the pace.
+    batches_per_gpu: int = 8
+    # At the job's end a GPU with room takes the unsent rows of a batch another GPU holds
+    # (workers/delivery/split.py) when at least this many would move; 0 turns splits off.
+    split_min_rows: int = 4
     request_timeout_s: float = 3600.0
     # Transient request errors: attempts and backoff (seconds).
     retry_max_attempts: int = 5
@@ -185,7 +214,7 @@ class Settings(BaseSettings):
     task_time_limit_s: int = 6 * 3600
     heartbeat_interval_s: float = 5.0
 
-    # --- observability (workers/metrics.py, workers/events.py) ----------------------------
+    # --- observability (workers/observe/metrics.py, workers/observe/events.py) ----------------
     # Each worker's Prometheus exporter listens on metrics_host:(metrics_base_port + GPU).
     metrics_enabled: bool = True
     metrics_host: str = "127.0.0.1"
@@ -205,7 +234,7 @@ class Settings(BaseSettings):
     shard_rows: int = 1_000_000
     # Uncompressed row bytes buffered per Parquet row group.
     shard_row_group_bytes: int = 64 * 2**20
-    # Enqueue fleet.sink_job when a job's last batch is done (see workers/sink_task.py).
+    # Enqueue fleet.sink_job when a job's last batch is done (see workers/wiring/sink_task.py).
     sink_auto: bool = True
     # GPU workers also consume the sink queue, so the data set is built where no sink worker
     # runs (one `celery -A workers worker -Q gpu0`); off where a sink worker must take it alone.

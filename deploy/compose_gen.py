@@ -3,7 +3,7 @@
 ``python -m deploy.compose_gen --gpus 8`` (or ``make compose GPUS=8``) rewrites the file;
 ``--check`` exits 1 when the file on disk differs from what would be written. Engines wider
 than one GPU: ``--gpus 8 --gpus-per-engine 2`` writes four workers ``gpu0-1`` ... ``gpu6-7``,
-``--groups 0-3,4,5,6-7`` any layout (queue names as workers/gpu_group.py reads them).
+``--groups 0-3,4,5,6-7`` any layout (queue names as workers/node/gpu_group.py reads them).
 
 Layout (docs/runbook.md explains each service):
 - profile ``head``: ``redis`` (AOF, noeviction, password), ``createbucket`` (one-shot),
@@ -62,7 +62,7 @@ from deploy.compose_services import (  # noqa: F401  (GENERATED, JIT_ENV, settin
     sink,
     store_env,
 )
-from workers.gpu_group import GpuGroup, GroupError, is_gpu_queue, parse_group
+from workers.node.gpu_group import GpuGroup, GroupError, is_gpu_queue, parse_group
 
 
 def engine_groups(gpus: int, per_engine: int = 1, groups: str | None = None) -> list[GpuGroup]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.gpu_group import GpuGroup
+from workers.node.gpu_group import GpuGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GPUS = 7
@@ -267,7 +267,7 @@ def flower() -> Service:
     auth = f"${{FLOWER_USER:-admin}}:{need('FLOWER_PASSWORD')}"
     return {
         **fleet_base(), "profiles": ["head"],
-        "command": ["celery", "-A", "workers", "flower", "--conf=config/flowerconfig.py",
+        "command": ["celery", "-A", "workers", "flower", "--conf=deploy/flowerconfig.py",
                     "--address=0.0.0.0", "--port=5555"],
         # Redis only: Flower never touches the store, so it gets no AWS keys.
         "environment": {**settings_env(), **redis_env(), "FLOWER_BASIC_AUTH": auth},

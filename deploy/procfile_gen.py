@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.compose_gen import engine_groups
-from workers.gpu_group import GpuGroup
+from workers.node.gpu_group import GpuGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GPUS = 7
@@ -58,7 +58,7 @@ def processes(gpus: int, stagger_s: float, workers_only: bool = False,
                           f"--bind 127.0.0.1 --dir {redis_dir} --appendonly yes "
                           "--appendfsync everysec --maxmemory-policy noeviction "
                           '--requirepass "$REDIS_PASSWORD"')
-        procs["flower"] = ("exec celery -A workers flower --conf=config/flowerconfig.py "
+        procs["flower"] = ("exec celery -A workers flower --conf=deploy/flowerconfig.py "
                            f"--address=127.0.0.1 --port={flower_port}")
         procs["sink"] = worker_line("sink", 0)
     singles = all(g.size == 1 for g in groups)

@@ -19,6 +19,7 @@ import redis
 import typer
 
 from config.settings import Settings, load_settings
+from producer.enqueue_cmd import enqueue_command
 from workers.dataset.jobs import check_job_name, load_spec
 from workers.dataset.store import Store, open_store
 from workers.errors import FleetError, InputError, JobError
@@ -27,7 +28,7 @@ from workers.tune.cli import app as tune_app
 if TYPE_CHECKING:
     from rich.console import Console
 
-RET_OK, RET_FAILED, RET_INPUT, RET_JOB, RET_CONNECT = 0, 1, 2, 3, 4
+RET_OK, RET_FAILED, RET_INPUT, RET_JOB, RET_CONNECT, RET_QUALITY = 0, 1, 2, 3, 4, 5
 # Columns of stdout when it is not a terminal: tables are drawn at their natural width.
 PIPED_WIDTH = 1000
 
@@ -89,109 +90,13 @@ def _open(settings: Settings) -> tuple[Store, redis.Redis]:
 
 
 def _job_settings(job: str) -> Settings:
-    """The settings, with the store the job was enqueued into (producer/job_store.py)."""
-    from producer.job_store import for_job
+    """The settings, with the store the job was enqueued into (workers/dataset/location.py)."""
+    from workers.dataset.location import for_job
 
     return for_job(load_settings(), job)
 
 
-@cli.command()
-@friendly_errors
-def enqueue(
-    input: str = typer.Argument(..., help="Prompts: a .jsonl[.gz] (prompt / messages / "
-                                "OpenAI-batch lines) or .parquet file, a folder of them, "
-                                "s3://bucket/key or s3://bucket/prefix/ of parts, or another "
-                                "fsspec URL (its filesystem package installed)"),
-    job: str = typer.Option(..., "--job", help="Job name; re-run with the same name to resume"),
-    batch_size: int = typer.Option(None, "--batch-size", min=1,
-                                   help="Prompts per batch (default 500, fixed per job)"),
-    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
-                                       help="Ceiling on generated tokens per prompt: a row's "
-                                       "own max_tokens applies only when it is lower "
-                                       "(requeue-failed --max-new-tokens lifts it)"),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
-    top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
-    sampling: list[str] = typer.Option(None, "--sampling", metavar="KEY=VALUE",
-                                       help="Any SGLang sampling parameter, repeatable "
-                                       "(top_k=20, min_p=0, stop='[\"END\"]'); values are "
-                                       "JSON when they parse; OpenAI names (seed, max_tokens) "
-                                       "are mapped. A row's own parameters override these"),
-    chat: bool = typer.Option(False, "--chat", help="Send plain prompts as one user message "
-                              "through the chat template instead of raw /generate text"),
-    system_prompt: str = typer.Option(None, "--system-prompt", help="System message for chat "
-                                      "requests that have none of their own (implies --chat)"),
-    chat_template_kwargs: str = typer.Option(None, "--chat-template-kwargs", metavar="JSON",
-                                             help="e.g. '{\"enable_thinking\": false}' "
-                                             "(implies --chat; a row's own keys win)"),
-    drop_unsupported: bool = typer.Option(False, "--drop-unsupported-sampling",
-                                          help="Drop row parameters the engine would refuse "
-                                          "(counted in the job record) instead of refusing "
-                                          "the input"),
-    prompt_column: str = typer.Option("prompt", "--prompt-column", help="Column of prompts"),
-    messages_column: str = typer.Option("messages", "--messages-column",
-                                        help="Column of chat messages"),
-    id_column: str = typer.Option("id", "--id-column", help="Column of row ids"),
-    reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
-                                   "(same prompt, sampling and profile) instead of regenerating"),
-    allow_node_local_store: bool = typer.Option(
-        False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
-        "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
-    samples: int = typer.Option(None, "--samples", metavar="N",
-                                help="Samples per prompt (a row's own OpenAI n wins; same as "
-                                "--sampling n=N); each is stored once, with its number in "
-                                "the column 'sample'"),
-    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B",
-                                     help="Input columns carried into the data set and every "
-                                     "export ('*': every column the fleet does not read)"),
-) -> None:
-    """Stage INPUT in the store and enqueue every batch that is not stored and has no
-    message and no live run (re-run it to resume or repair a job)."""
-    from producer import render
-    from producer.enqueue import enqueue as enqueue_job
-    from producer.keep import KeepColumns, parse_keep
-    from producer.options import dropped_note, job_sampling, resumed_sampling
-    from producer.readers import ReadOptions, read_rows
-    from producer.reuse import reuse_hook
-    from workers import app
-    from workers.dataset.location import locate, require_off_node
-    from workers.sink_task import trigger_if_complete
-
-    settings = load_settings()
-    require_off_node(locate(settings.store_url, settings.s3.endpoint_url),
-                     allow_node_local_store or settings.allow_node_local_store)
-    store, r = _open(settings)
-    check_job_name(job)
-    spec_sampling = resumed_sampling(store, job, job_sampling(
-        max_new_tokens, temperature, top_p, sampling, chat, system_prompt, chat_template_kwargs,
-        drop_unsupported, samples))
-    opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
-                       spec_sampling.drop_unsupported, spec_sampling.params,
-                       samples=spec_sampling.samples, temperature=spec_sampling.temperature)
-    if keep_columns is None:  # a re-run reads the input as the job was created
-        keep_columns = _recorded_keep(store, job)
-    if (kept := parse_keep(keep_columns)) is not None:
-        opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
-    rows = read_rows(input, opts, settings.s3)
-    with render.enqueue_progress(err()) as on_batch:
-        hook, reused = reuse_hook(store, r, reuse_from, settings.profile)
-        report = enqueue_job(store, r, app, input, job, batch_size or None, spec_sampling, rows,
-                             on_batch, default_batch_size=settings.batch_size,
-                             before_reconcile=hook, dropped_keys=opts.dropped,
-                             keep=opts.keep)
-    render.enqueue_summary(err(), report)
-    if note := dropped_note(report.spec.dropped_keys):
-        err().print(note, soft_wrap=True)
-    if reused:
-        err().print(reused[0].summary(), soft_wrap=True)
-    trigger_if_complete(r, app, report.spec, settings)
-
-
-def _recorded_keep(store: Store, job: str) -> str | None:
-    """The --keep-columns an existing job was created with (None: none, or no such job)."""
-    try:
-        return load_spec(store, job).keep_arg
-    except JobError:
-        return None
+cli.command("enqueue")(friendly_errors(enqueue_command))
 
 
 @cli.command()
@@ -203,22 +108,27 @@ def status(
     interval_s: float = typer.Option(2.0, "--interval", help="Seconds between redraws"),
 ) -> None:
     """Progress, rate (requests/s, output tokens/s), ETA and the per-GPU view of a job."""
-    from producer.status import job_status
+    from producer.status import job_status, status_spec
     from workers.dataset.location import locate
 
     settings = _job_settings(job)
     store, r = _open(settings)
-    spec = load_spec(store, job)
+    spec = status_spec(store, r, job)
     where = locate(settings.store_url, settings.s3.endpoint_url)
+    early = settings.quality_early_rows
     if as_json and not watch:
-        sys.stdout.write(orjson.dumps(job_status(r, spec, where)).decode() + "\n")
+        sys.stdout.write(orjson.dumps(job_status(r, spec, where, early)).decode() + "\n")
         return
     from producer import render
 
     if watch:
-        render.watch(out(), lambda: job_status(r, spec, where), interval_s, as_json)
+        render.watch(out(), lambda: job_status(r, spec, where, early), interval_s, as_json)
     else:
-        out().print(render.status_table(job_status(r, spec, where)))
+        st = job_status(r, spec, where, early)
+        out().print(render.status_table(st))
+        if warning := st["quality"]["warning"]:
+            err().print(f"quality warning (first {st['quality']['live']['rows']:,} rows): "
+                        f"{warning}", soft_wrap=True)
         err().print(f"store: {where.store_url} ({where.where}: {where.why})", soft_wrap=True)
 
 
@@ -227,21 +137,31 @@ def status(
 def verify(
     job: str = typer.Option(..., "--job", help="Job name"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+    quality: list[str] = typer.Option(None, "--quality", metavar="KEY=VALUE",
+                                      help="Override a quality gate of the job (near_empty=2%%"
+                                      ", truncated=0.1; docs/output.md)"),
 ) -> None:
-    """Check from the result store alone that every prompt is there exactly once."""
+    """Check from the result store alone that every prompt is there exactly once (exit 1 if
+    not), and that the rows pass the job's quality gates (exit 5 if not)."""
     from producer.verify import verify_job
+    from workers.dataset.quality_gates import parse_quality
 
+    override = parse_quality(quality)
     settings = _job_settings(job)
     store = open_store(settings.store_url, settings.s3)
-    report = verify_job(store, load_spec(store, job))
+    report = verify_job(store, load_spec(store, job), override)
+    from producer import render
+
     if as_json:
         sys.stdout.write(orjson.dumps(report).decode() + "\n")
     else:
-        from producer import render
-
         out().print(render.verify_table(report))
+    for line in render.quality_lines(report):
+        err().print(line, soft_wrap=True)
     if not report["ok"]:
         raise typer.Exit(RET_FAILED)
+    if not report["quality"]["ok"]:
+        raise typer.Exit(RET_QUALITY)
 
 
 @cli.command("requeue-failed")
@@ -268,7 +188,7 @@ def requeue_failed_cmd(
 @friendly_errors
 def sink(
     job: str = typer.Option(..., "--job", help="Job name"),
-    wait: bool = typer.Option(False, "--wait", help="Wait for the sink worker to finish"),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the run to finish"),
     local: bool = typer.Option(False, "--local", help="Aggregate in this process instead"),
     timeout_s: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
@@ -308,18 +228,37 @@ def dataset_path_cmd(
 @friendly_errors
 def export(
     job: str = typer.Option(..., "--job", help="Job name"),
-    fmt: str = typer.Option("parquet", "--format", help="parquet, jsonl or openai-batch"),
-    out_path: Path = typer.Option(..., "--out", help="File to write"),
+    fmt: str = typer.Option("parquet", "--format",
+                            help="parquet, jsonl, openai-batch, specforge, tokens or hf"),
+    out_path: Path = typer.Option(..., "--out", help="File to write (a folder for hf)"),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="tokens: the model folder whose tokenizer and chat template "
+        "to use (default: the job's launch-profile model folder)"),
 ) -> None:
-    """Write a job's aggregated data set to one file (Parquet, JSONL or OpenAI-batch output)."""
-    from producer.export import export as export_job
+    """Write a job's data set for its reader: the data set as it is (parquet, jsonl), an
+    OpenAI Batch output file, or a drafter trainer's input (specforge, tokens, hf)."""
+    from producer.exports import export as export_job
 
     settings = _job_settings(job)
     store = open_store(settings.store_url, settings.s3)
     load_spec(store, job)  # "no job ...", not "no data set yet", for a job that is not there
-    done = export_job(store, job, fmt, out_path)
-    err().print(f"wrote {done['rows']:,} rows of job {job} to {out_path} ({fmt})"
-                + ("" if done["complete"] else "; the data set is NOT complete"), soft_wrap=True)
+    done = export_job(store, job, fmt, out_path, tokenizer)
+    err().print(export_summary(done), soft_wrap=True)
+
+
+def export_summary(done: dict) -> str:
+    """The line ``fleet export`` prints: what it wrote, and ``ok + errors = rows``."""
+    unit = {"openai-batch": "lines (one per prompt)"}.get(done["format"], "rows")
+    text = (f"wrote {done['lines']:,} {unit} of job {done['job']} to {done['out']} "
+            f"({done['format']})")
+    if done["errors_file"]:
+        text += f" and {done['errors']:,} to {done['errors_file']}"
+    text += f"; ok {done['ok']:,} + errors {done['errors']:,} = {done['rows']:,} rows"
+    if "differ" in done:
+        text += (f"; tokenizer {done['tokenizer']}: the assistant span differs from the "
+                 f"engine's output_ids in {done['differ']:,} of {done['with_engine_ids']:,} "
+                 "rows that have them")
+    return text + ("" if done["complete"] else "; the data set is NOT complete")
 
 
 @cli.command()
@@ -369,7 +308,7 @@ def jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> No
 
     settings = load_settings()
     _, r = _open(settings)
-    rows = list_jobs(r)
+    rows = list_jobs(r, settings.quality_early_rows)
     if as_json:
         sys.stdout.write(orjson.dumps(rows).decode() + "\n")
     else:

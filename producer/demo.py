@@ -68,7 +68,7 @@ def _flower(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workers", "flower", "--address=127.0.0.1",
-         f"--port={port}", "--conf=config/flowerconfig.py"],
+         f"--port={port}", "--conf=deploy/flowerconfig.py"],
         env=env, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
         start_new_session=True)
 
@@ -104,8 +104,10 @@ def main() -> int:
                       "+1 for GPU 1")
         wait_healthy(redis.Redis.from_url(url), workers, timeout_s=120)
         prompts = _prompts(DEMO_DIR / "prompts.jsonl")
+        # The sim puts 80 % of each draw in the reasoning, so its shortest draws leave answers
+        # of a few tokens: the demo's near-empty threshold is 3 tokens (docs/output.md).
         _producer(env, "enqueue", str(prompts), "--job", job, "--batch-size", "50",
-                  "--max-new-tokens", "2048")
+                  "--max-new-tokens", "2048", "--quality", "near_empty_tokens=3")
         _producer(env, "status", "--job", job, "--watch", "--interval", "1")
         code = _producer(env, "verify", "--job", job)
         # The workers built the data set when the job ended (they consume the sink queue).
@@ -117,6 +119,7 @@ def main() -> int:
         store = env.get("FLEET_STORE_URL", settings.store_url)
         console.print(f"per-batch results under {store}/jobs/{job}/results/; report in "
                       f"{DEMO_DIR / 'report'}; logs in {DEMO_DIR / 'logs'}")
+        console.print(_quality_line(redis.Redis.from_url(url), job), style="bold")
         _hold(f"http://127.0.0.1:{flower_port}")
         return code
     finally:
@@ -141,6 +144,20 @@ def _wait_dataset(r: redis.Redis, job: str, timeout_s: float) -> str | None:
             return state
         time.sleep(0.5)
     return None
+
+
+def _quality_line(r: redis.Redis, job: str) -> str:
+    """The demo's last word: the committed data set's quality verdict."""
+    from workers.delivery.job_progress import quality_failed
+    from workers.delivery.jobstate import Keys
+
+    failed = quality_failed(r.hgetall(Keys(job).sink))
+    if failed is None:
+        return f"quality of job {job}: no data set committed"
+    if not failed:
+        return f"quality of job {job}: ok (every gate passed; fleet verify --job {job} --json)"
+    return (f"quality of job {job}: {len(failed)} gate(s) failed: {', '.join(failed)} "
+            f"(fleet verify --job {job})")
 
 
 def _hold(flower_url: str) -> None:

@@ -31,6 +31,7 @@ import redis
 from celery import Celery
 
 from producer.keep import KeepColumns
+from producer.refusals import check_staged, refused_unstaged
 from workers.dataset.jobs import (
     JobSpec,
     SamplingSpec,
@@ -277,18 +278,40 @@ def _stage_for(store: Store, job: str, input_path: Path, rows: Iterable[dict[str
     return total, n, fingerprint
 
 
-def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, job: str,
-            batch_size: int | None, sampling: SamplingSpec, rows: Iterable[dict[str, Any]],
+@dataclass
+class JobInput:
+    """What ``enqueue`` is asked to stage: the input, the job's name and parameters, and the
+    rows as :mod:`producer.readers` yields them (``dropped_keys`` and ``keep``, the kept
+    columns' types, fill while they are read)."""
+
+    input_path: Path | str
+    name: str
+    batch_size: int | None
+    sampling: SamplingSpec
+    rows: Iterable[dict[str, Any]]
+    dropped_keys: Mapping[str, int] | None = None
+    keep: KeepColumns | None = None
+    # --quality: the job's gates (workers/dataset/quality_gates.py), recorded in job.json.
+    quality: dict[str, float] = field(default_factory=dict)
+    # --allow-quarantine: stage a new job even when its quarantined rows break the gate.
+    allow_quarantine: bool = False
+
+
+def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
             on_batch: Callable[[int, int], None] | None = None,
             default_batch_size: int = 500,
             before_reconcile: Callable[[JobSpec], None] | None = None,
-            dropped_keys: Mapping[str, int] | None = None,
-            keep: KeepColumns | None = None) -> EnqueueReport:
-    """Record, stage and enqueue a job (or resume it); see the module docstring.
+            choose_size: Callable[[Iterable[dict[str, Any]]],
+                                  tuple[int, Iterable[dict[str, Any]]]] | None = None,
+            ) -> EnqueueReport:
+    """Record, stage and enqueue a job (or resume it); see the module docstring. A new job
+    whose input breaks a refusal (producer/refusals.py) is refused with nothing staged.
 
-    ``dropped_keys`` and ``keep`` (the kept columns' types) are filled while ``rows`` is read
-    (producer.readers.ReadOptions).
+    ``choose_size`` sizes a new job given no ``batch_size`` (workers/delivery/batch_size.py):
+    it returns the size and the rows, the first few read ahead.
     """
+    input_path, job, batch_size = job_input.input_path, job_input.name, job_input.batch_size
+    sampling, rows, keep = job_input.sampling, job_input.rows, job_input.keep
     old = _existing_spec(store, job)
     samples = [0]
 
@@ -297,6 +320,8 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, j
             samples[0] += row_samples(d.get("params"), sampling.samples)
             yield d
 
+    if batch_size is None and old is None and choose_size is not None:
+        batch_size, rows = choose_size(rows)
     rows = counted(rows)
     size = batch_size or (old.batch_size if old else default_batch_size)
     if old and size != old.batch_size:
@@ -306,15 +331,19 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, input_path: Path | str, j
     placeholder = JobSpec(name=job, total=0, batch_size=size, n_batches=0,
                           input_path=str(input_path), input_fingerprint="")
     report = EnqueueReport(spec=placeholder, created=old is None)
-    total, n, fingerprint = _stage_for(store, job, input_path, rows, size, report, old,
-                                       on_batch)
-    if total == 0:
-        raise InputError(str(input_path), None, "no rows")
+    with refused_unstaged(store, job, old is None):
+        total, n, fingerprint = _stage_for(store, job, input_path, rows, size, report, old,
+                                           on_batch)
+        if total == 0:
+            raise InputError(str(input_path), None, "no rows")
+        if old is None:
+            check_staged(str(input_path), report.bad_rows, total, job_input)
     kept, kept_schema = keep.record() if keep is not None else ({}, None)
     spec = old or JobSpec(name=job, total=total, batch_size=size, n_batches=n,
                           input_path=str(input_path), input_fingerprint=fingerprint,
                           sampling=sampling, bad_rows=len(report.bad_rows),
-                          dropped_keys=dict(dropped_keys or {}),
+                          dropped_keys=dict(job_input.dropped_keys or {}),
+                          quality=job_input.quality,
                           total_samples=samples[0] if samples[0] != total else 0,
                           keep_columns=kept, keep_schema=kept_schema,
                           keep_arg=",".join(keep.wanted) if keep is not None else None)

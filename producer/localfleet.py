@@ -27,12 +27,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ephemeral_low(default: int = 32768) -> int:
+    """The first port the kernel hands out to outgoing connections (Linux's
+    ``ip_local_port_range``; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port_block(n: int) -> int:
-    """First port of ``n`` consecutive free ports (for engine ports base+0 .. base+n-1)."""
+    """First port of ``n`` consecutive free ports (for engine ports base+0 .. base+n-1).
+
+    Drawn below the kernel's ephemeral range: a port free when it is checked there can be
+    given to any process's outgoing connection before the engine binds it (a test engine
+    once failed to start with "address already in use" on port 49010)."""
     import random
 
+    top = max(_ephemeral_low() - n, 12000)
     for _ in range(200):
-        base = random.randrange(20000, 50000, 10)
+        base = random.randrange(10000, top, 10)
         try:
             socks = []
             for p in range(base, base + n):
@@ -155,7 +169,7 @@ def start_worker(gpu: int, env: dict[str, str], log_dir: Path, node: str | None 
 
 def wait_healthy(r: redis.Redis, workers: list[WorkerProcess], timeout_s: float = 120) -> None:
     """Wait until every worker's heartbeat says its engine is healthy."""
-    from workers.heartbeat import read_heartbeats
+    from workers.node.heartbeat import read_heartbeats
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

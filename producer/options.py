@@ -105,3 +105,11 @@ def dropped_note(dropped: dict[str, int]) -> str | None:
     listed = ", ".join(f"{k} ({n:,} rows)" for k, n in sorted(dropped.items()))
     return (f"not sent to the engine: {listed}; 'user' and 'metadata' are OpenAI bookkeeping, "
             "other keys were dropped by --drop-unsupported-sampling (counts in the job record)")
+
+
+def job_quality(fleet: str | None, given: list[str] | None) -> dict[str, float]:
+    """A new job's quality gates: FLEET_QUALITY (comma-separated KEY=VALUE), then --quality."""
+    from workers.dataset.quality_gates import parse_quality
+
+    items = [x for x in (fleet or "").split(",") if x.strip()]
+    return {**parse_quality(items, "FLEET_QUALITY"), **parse_quality(given)}

@@ -137,3 +137,38 @@ def bars(counts: Counter[str], label: str, path: Path) -> Path:
         _no_data(ax, label)
     ax.set_ylabel("prompts")
     return _save(fig, path)
+
+
+def quality(q: dict[str, Any] | None, path: Path) -> Path:
+    """The data set's quality (manifest ``quality``): completion tokens of the answered rows
+    (log-spaced buckets; the near-empty threshold marked), and each gate's share beside its
+    threshold."""
+    fig = Figure(figsize=(SIZE_IN[0] * 1.6, SIZE_IN[1]), dpi=DPI, layout="tight")
+    left, right = fig.subplots(1, 2)
+    fig.suptitle("quality of the data set")
+    hist = (q or {}).get("histogram") or []
+    if hist:
+        edges = [max(lo, 1) for lo, _ in hist]
+        left.bar(edges, [n for _, n in hist], width=[max(e * 0.05, 0.8) for e in edges],
+                 color="tab:blue", align="edge")
+        left.set_xscale("log")
+        left.axvline(max(q.get("near_empty_tokens", 10), 1), color="tab:red", ls="--",
+                     label=f"near-empty (< {q.get('near_empty_tokens', 10)} tokens)")
+        left.legend(fontsize="small")
+    else:
+        _no_data(left, "completion tokens")
+    left.set_xlabel("completion tokens")
+    left.set_ylabel("answered rows")
+    figures, limits = (q or {}).get("figures") or {}, (q or {}).get("thresholds") or {}
+    gates = [g for g in limits if g in figures]
+    if gates:
+        shares = [100 * figures[g]["share"] for g in gates]
+        colors = ["tab:red" if figures[g]["share"] > limits[g] else "tab:green" for g in gates]
+        right.barh(gates, shares, color=colors)
+        right.scatter([100 * min(limits[g], 1) for g in gates], gates, marker="|", s=300,
+                      color="black", label="threshold")
+        right.legend(fontsize="small")
+    else:
+        _no_data(right, "quality gates")
+    right.set_xlabel("% of its rows")
+    return _save(fig, path)

@@ -29,11 +29,27 @@ from producer.keep import KeepColumns
 from producer.options import greedy_refusal
 from producer.sources import Part, list_parts
 from workers.dataset.samples import row_samples
-from workers.engine.sampling import SamplingError, check_row_params, translate
+from workers.engine.sampling import (
+    CHAT_ONLY,
+    LOGPROB_KEYS,
+    OPENAI_NAMES,
+    SAMPLING_PARAMS,
+    SamplingError,
+    check_row_params,
+    translate,
+)
 from workers.errors import InputError
 
 # OpenAI-batch body keys that are request plumbing, not generation parameters.
 BODY_SKIP = ("messages", "prompt", "model", "stream")
+# Request keys a plain (not OpenAI-batch) row may carry at its top level: sent as an
+# OpenAI-batch body's are (tools, tool_choice, response_format, json_schema, ... ), never
+# dropped without a word.
+ROW_KEYS = frozenset(SAMPLING_PARAMS) | frozenset(OPENAI_NAMES) | frozenset(
+    LOGPROB_KEYS) | frozenset(CHAT_ONLY)
+# Rows read before the first is staged: when none of them has a prompt or messages column,
+# the input is refused with the columns it does have.
+PROBE_ROWS = 100
 
 
 @dataclass
@@ -57,6 +73,9 @@ class ReadOptions:
     temperature: Any = None
     # --keep-columns (producer/keep.py): which input columns ride along, and their types.
     keep: KeepColumns | None = None
+    # Rows without a prompt or messages column, and the columns such rows had (a few).
+    missing_column_rows: int = 0
+    seen_columns: list[str] = field(default_factory=list)
     _chat_checked: bool = field(default=False, init=False, repr=False)
 
     def check_chat_row(self) -> None:
@@ -131,6 +150,10 @@ def normalize(obj: Any, index: int, where: str, opts: ReadOptions | None = None
     body = isinstance(obj.get("body"), dict)  # OpenAI batch line
     fields = _prompt_fields(obj["body"] if body else obj, opts, body)
     if isinstance(fields, str):
+        if fields.startswith("no "):
+            opts.missing_column_rows += 1
+            if len(opts.seen_columns) < 50:
+                opts.seen_columns += [k for k in obj if k not in opts.seen_columns]
         bad = {"index": index, "id": rid, "error": f"{where}: {fields}"}
         if opts.keep is not None:
             bad["keep"] = opts.keep.take(obj)
@@ -138,8 +161,11 @@ def normalize(obj: Any, index: int, where: str, opts: ReadOptions | None = None
     row = {"index": index, "id": rid, **fields}
     if "messages" in fields and opts.job_params:
         opts.check_chat_row()
-    if body:
-        params = _params(obj["body"], opts.chat or "messages" in fields, opts)
+    own = obj["body"] if body else {k: v for k, v in obj.items() if k in ROW_KEYS
+                                    and k not in (opts.prompt_column, opts.messages_column,
+                                                  opts.id_column)}
+    if own:
+        params = _params(own, opts.chat or "messages" in fields, opts)
         if params:
             row["params"] = params
     if opts.keep is not None:
@@ -189,8 +215,10 @@ def read_parquet(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict
                 wanted = wanted + tuple(opts.keep.names(pf.schema_arrow.names, wanted))
             columns = [c for c in pf.schema_arrow.names if c in wanted]
             if not set(columns) & {opts.prompt_column, opts.messages_column, "body"}:
+                have = ", ".join(pf.schema_arrow.names)
                 raise InputError(part.name, None, f"no {opts.prompt_column!r}, "
-                                 f"{opts.messages_column!r} or 'body' column")
+                                 f"{opts.messages_column!r} or 'body' column; its columns: "
+                                 f"{have} (--prompt-column / --messages-column)")
             index = start
             for rb in pf.iter_batches(batch_size=8192, columns=columns):
                 for obj in rb.to_pylist():
@@ -216,8 +244,29 @@ def _read_parts(parts: list[Part], opts: ReadOptions) -> Iterator[dict[str, Any]
             index += 1
 
 
+def _probed(rows: Iterator[dict[str, Any]], opts: ReadOptions, source: str
+            ) -> Iterator[dict[str, Any]]:
+    """``rows``, the first PROBE_ROWS read before any is yielded: InputError, listing the
+    columns the rows do have, when none of them has a prompt or messages column."""
+    head = []
+    opts.missing_column_rows, opts.seen_columns = 0, []
+    for row in rows:
+        head.append(row)
+        if len(head) >= PROBE_ROWS:
+            break
+    if head and opts.missing_column_rows == len(head):
+        have = ", ".join(opts.seen_columns) or "none"
+        raise InputError(source, None, (
+            f"no row has a {opts.prompt_column!r} or {opts.messages_column!r} column (nor an "
+            f"OpenAI-batch 'body'); the rows have: {have} (--prompt-column / "
+            "--messages-column)"))
+    yield from head
+    yield from rows
+
+
 def read_rows(path: Path | str, opts: ReadOptions | None = None,
               s3: S3Settings | None = None) -> Iterator[dict[str, Any]]:
     """Rows of a prompt file, folder of parts, S3 object or prefix, or fsspec URL (the parts
     are listed now, so a missing input fails before anything is staged)."""
-    return _read_parts(list_parts(path, s3), opts or ReadOptions())
+    opts = opts or ReadOptions()
+    return _probed(_read_parts(list_parts(path, s3), opts), opts, str(path))

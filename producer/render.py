@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from workers.delivery.job_progress import shown_state
+
 if TYPE_CHECKING:
     from producer.enqueue import EnqueueReport
 
@@ -31,6 +33,10 @@ def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
             progress.update(task, description=f"read {rows:,} rows, staged {batches:,} batches")
 
         yield on_batch
+
+
+# Seconds the last view of a done job waits for fresh heartbeats (one beat is 5 s by default).
+SETTLE_WAIT_S = 8.0
 
 
 def enqueue_summary(console: Console, report: EnqueueReport) -> None:
@@ -72,8 +78,10 @@ def status_table(st: dict[str, Any]) -> Group:
         gpus.add_row(w["node"], str(w.get("group", w["gpu"])), w["engine_state"],
                      f"{w['tokens_per_sec']:,.0f}",
                      f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
-                     str(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
-    tot = Table(title=f"job {st['job']}: {st['state']}", show_header=False)
+                     _num(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
+    quality = st.get("quality") or {}
+    state = shown_state(st["state"], quality.get("gates_failed"))
+    tot = Table(title=f"job {st['job']}: {state}", show_header=False)
     tot.add_column("k")
     tot.add_column("v")
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
@@ -88,11 +96,16 @@ def status_table(st: dict[str, Any]) -> Group:
          f"{st['truncated']:,}"),
         ("batches done / running / queued",
          f"{st['done_batches']} / {st['in_flight_batches']} / {st['queued_batches']}"),
+        *([("split at the job's end", f"{st['splits']['parts']} part(s), "
+            f"{st['splits']['rows']:,} rows to idle GPUs")]
+          if (st.get("splits") or {}).get("parts") else []),
         ("requests/s", f"{st['rate_per_sec']:.2f}"),
         ("output tokens/s", f"{st['tokens_per_sec']:,.0f}"),
         ("ETA", "done" if st["done"] else _fmt_eta(st["eta_hours"])),
         ("elapsed", f"{st['elapsed_s']:.0f} s"),
         ("data set", st.get("dataset") or "not built"),
+        ("quality", _quality_cell(quality)),
+        *[("stalled", note) for note in st.get("stalled") or []],
     ):
         tot.add_row(k, v)
     return Group(gpus, tot)
@@ -108,7 +121,22 @@ def verify_table(report: dict[str, Any]) -> Table:
               "quarantined", "truncated"):
         table.add_row(k, f"{report.get(k, 0):,}")
     table.add_row("ok", "yes" if report["ok"] else "NO")
+    if quality := report.get("quality"):
+        from workers.dataset.quality_gates import summary
+
+        pct = quality.get("completion_tokens") or {}
+        table.add_row("completion tokens",
+                      " ".join(f"{k} {v:,}" for k, v in pct.items()) or "-")
+        table.add_row("quality", summary(quality["failed"]))
     return table
+
+
+def quality_lines(report: dict[str, Any]) -> list[str]:
+    """One line per failed quality gate of a verify report (empty when all pass)."""
+    from workers.dataset.quality_gates import gate_line
+
+    return [f"quality gate failed: {gate_line(g)}"
+            for g in (report.get("quality") or {}).get("failed", [])]
 
 
 def watch(console: Console, fetch: Callable[[], dict[str, Any]], interval_s: float,
@@ -127,24 +155,51 @@ def watch(console: Console, fetch: Callable[[], dict[str, Any]], interval_s: flo
         while True:
             st = fetch()
             if st["done"]:
-                console.print(status_table(st))
+                console.print(status_table(_settled(fetch, st)))
                 return
             console.print(progress_line(st), soft_wrap=True)
             time.sleep(interval_s)
     with Live(console=console, auto_refresh=False) as live:
         while True:
             st = fetch()
-            live.update(status_table(st), refresh=True)
             if st["done"]:
+                live.update(status_table(_settled(fetch, st)), refresh=True)
                 return
+            live.update(status_table(st), refresh=True)
             time.sleep(interval_s)
+
+
+def _settled(fetch: Callable[[], dict[str, Any]], st: dict[str, Any],
+             wait_s: float = SETTLE_WAIT_S) -> dict[str, Any]:
+    """The last view of a done job: wait briefly for every worker's first heartbeat after
+    the end, so the table shows the fleet as it is now, not the end's load."""
+    deadline = time.monotonic() + wait_s
+    while any(w.get("stale") for w in st["workers"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        st = fetch()
+    return st
+
+
+def _quality_cell(quality: dict[str, Any]) -> str:
+    """The status view's quality row: the committed data set's verdict, else the live
+    warning (or how many rows the live tally holds)."""
+    if quality.get("gates_failed") is not None:
+        return shown_state("", quality["gates_failed"]).lstrip(", ") or "ok (every gate)"
+    live = quality.get("live") or {}
+    if quality.get("warning"):
+        return f"WARNING after {live.get('rows', 0):,} rows: {quality['warning']}"
+    return f"no gate broken ({live.get('rows', 0):,} rows measured so far)"
 
 
 def progress_line(st: dict[str, Any]) -> str:
     """The job's progress in one line (``status --watch`` on a pipe)."""
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
-    return (f"job {st['job']}: {st['state']}, {finished:,}/{st['total']:,} prompts, "
-            f"{st['tokens_per_sec']:,.0f} tok/s, ETA {_fmt_eta(st['eta_hours'])}")
+    quality = st.get("quality") or {}
+    state = shown_state(st["state"], quality.get("gates_failed"))
+    return (f"job {st['job']}: {state}, {finished:,}/{st['total']:,} prompts, "
+            f"{st['tokens_per_sec']:,.0f} tok/s, ETA {_fmt_eta(st['eta_hours'])}"
+            + "".join(f"; stalled: {note}" for note in st.get("stalled") or [])
+            + (f"; WARNING: {quality['warning']}" if quality.get("warning") else ""))
 
 
 def jobs_table(rows: list[dict[str, Any]]) -> Table:
@@ -153,7 +208,8 @@ def jobs_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("job", "state", "progress", "completed", "failed", "batches", "data set"):
         table.add_column(col)
     for j in rows:
-        table.add_row(j["job"], j["state"], f"{100 * j['progress']:.1f} %",
+        state = shown_state(j["state"], j.get("quality_failed"), j.get("quality_warning"))
+        table.add_row(j["job"], state, f"{100 * j['progress']:.1f} %",
                       f"{j['completed']:,}/{j['total']:,}", f"{j['failed']:,}",
                       f"{j['done_batches']}/{j['n_batches']}", j.get("dataset") or "-")
     return table

@@ -27,7 +27,7 @@ import redis
 from producer import plots
 from producer.status import job_status
 from workers.dataset.jobs import JobSpec, batch_of_result_key, decode_rows, results_prefix
-from workers.dataset.manifest import row_bucket
+from workers.dataset.manifest import load_manifest, row_bucket
 from workers.dataset.store import Store
 from workers.delivery import jobstate
 
@@ -190,6 +190,12 @@ def markdown(summary: dict[str, Any]) -> str:
                       f"{s['failed']:,} ({s['quarantined']:,})", f"{s['truncated']:,}",
                       f"{s['output_tokens']:,}", _duration(s["generation_s"]),
                       s["mean_tokens_per_sec"], eta]])
+    q = s.get("quality")
+    verdict = ("no data set committed yet" if q is None else
+               "every gate passed" if not q["gates_failed"] else
+               f"{len(q['gates_failed'])} gate(s) failed: {', '.join(q['gates_failed'])}")
+    lines += ["", "## Quality", "", f"Quality of the committed data set: {verdict}.", "",
+              "![quality](quality.png)", ""]
     lines += ["", "## Throughput per GPU", "", "![tokens/s per GPU](throughput.png)", ""]
     lines += _table(["node", "prompts", "output tokens", "tok/s while busy"],
                     [[g["node"], g["prompts"], f"{g['output_tokens']:,}",
@@ -211,12 +217,18 @@ def build_report(r: redis.Redis, store: Store, spec: JobSpec, out: Path) -> dict
     rows = read_rows(store, spec)
     line = timeline_from_rows(rows.events) or timeline_from_series(r, spec.name)
     summary = summarize(status, line, rows)
+    manifest = load_manifest(store, spec.name)
+    quality = (manifest or {}).get("quality")
+    summary["quality"] = None if quality is None else {
+        "completion_tokens": quality["completion_tokens"], "gates_failed": quality["gates_failed"],
+        "failed": quality["failed"]}
     files = [
         plots.throughput(line.node_tokens, line.width, out / "throughput.png"),
         plots.progress(line.rows, line.width, status, out / "progress.png"),
         plots.histogram(rows.latency_s, "latency (s)", out / "latency.png"),
         plots.histogram(rows.output_tokens, "output length (tokens)", out / "output_length.png"),
         plots.bars(rows.finish, "finish reason", out / "finish_reasons.png"),
+        plots.quality(quality, out / "quality.png"),
     ]
     (out / "report.md").write_text(markdown(summary))
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

@@ -20,7 +20,6 @@ from typing import Any
 import redis
 from celery import Celery
 
-from workers.celery_app import SHARED_QUEUE
 from workers.dataset.jobs import (
     JobSpec,
     batch_of_result_key,
@@ -39,7 +38,8 @@ from workers.dataset.sink_lock import SinkLock
 from workers.dataset.store import Store
 from workers.delivery import jobstate
 from workers.delivery.progress import spill_rows
-from workers.sink_task import reset_auto_trigger
+from workers.delivery.sink_requests import reset_auto_trigger
+from workers.node.queues import BATCH_TASK, SHARED_QUEUE
 
 LOCK_WAIT_S = 300.0
 
@@ -140,6 +140,6 @@ def _requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, truncated
         save_spec(store, spec.model_copy(update={"input_sha256": shas}))
     reset_auto_trigger(r, spec.name)
     for batch in reopened:
-        app.send_task("fleet.run_batch", args=[spec.name, batch], queue=SHARED_QUEUE)
+        app.send_task(BATCH_TASK, args=[spec.name, batch], queue=SHARED_QUEUE)
     report.batches = len(reopened)
     return report

@@ -34,6 +34,7 @@ import orjson
 import redis
 
 from config.launch_profile import ProfileError, load_profile
+from workers.batch.prompt_sampling import sampling_for
 from workers.dataset.jobs import (
     JobSpec,
     PromptRow,
@@ -50,7 +51,6 @@ from workers.dataset.store import Store
 from workers.delivery import jobstate, ownership, whereabouts
 from workers.delivery.progress import spill_rows
 from workers.errors import JobError
-from workers.prompt_sampling import sampling_for
 
 REUSE_NODE = "reuse"
 CACHED_BATCHES = 16

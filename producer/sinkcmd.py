@@ -1,4 +1,5 @@
-"""``python -m producer sink``: run the sink here, or enqueue it for a sink worker and wait;
+"""``python -m producer sink``: run the sink here (``--local``: the sink task's run, state and
+retries in this process), or ask a worker's ``sink`` queue for it and wait;
 ``python -m producer dataset-path``: where the committed data set is."""
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ import redis
 
 from config.settings import Settings
 from workers.dataset.manifest import committed_prefix, location
-from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.sink_lock import SinkLock
-from workers.dataset.store import open_store, store_policy
-from workers.sink_task import request_sink, wait_sink
+from workers.dataset.store import open_store
+from workers.delivery.sink_requests import request_sink, wait_sink
 
 
 def run_sink(settings: Settings, job: str, wait: bool, local: bool, timeout_s: float
@@ -27,10 +27,12 @@ def run_sink(settings: Settings, job: str, wait: bool, local: bool, timeout_s: f
     r = redis.Redis.from_url(settings.redis_url.get_secret_value())
     try:
         if local:
-            with SinkLock(r, job, f"local-{uuid.uuid4().hex}") as lock:
+            from workers.wiring.sink_task import sink_here
+
+            request = f"local-{uuid.uuid4().hex}"
+            with SinkLock(r, job, request) as lock:
                 lock.acquire(timeout_s)
-                return aggregate(store, job, ShardLimits.from_settings(settings),
-                                 store_policy(settings), lock=lock)
+                return sink_here(r, job, lock, request)
         from workers import app
 
         request = request_sink(r, app, job)

@@ -8,13 +8,27 @@ from typing import Any
 
 import redis
 
-from workers.dataset.jobs import JobSpec
+from workers.dataset.jobs import JobSpec, load_spec
 from workers.dataset.location import StoreLocation
+from workers.dataset.store import Store
 from workers.delivery import job_progress, jobstate
 from workers.delivery.ownership import live_holders
-from workers.heartbeat import read_heartbeats
+from workers.errors import JobError
+from workers.node.heartbeat import read_heartbeats
 
 RATE_WINDOW_S = 60
+
+
+def status_spec(store: Store, r: redis.Redis, job: str) -> JobSpec:
+    """The job's spec from its store, else the copy ``enqueue`` left in Redis: a store that
+    cannot be read now still has a status, with the workers' ``stalled`` notes."""
+    try:
+        return load_spec(store, job)
+    except JobError:
+        raw = r.hget(jobstate.Keys(job).job, "spec")
+        if not raw:
+            raise
+        return JobSpec.model_validate_json(raw)
 
 
 def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[float, float]:
@@ -40,8 +54,31 @@ def _prompts_done(r: redis.Redis, spec: JobSpec, keys: jobstate.Keys) -> int:
     return sum(len(spec.batch_range(b)) for b in done if 0 <= b < spec.n_batches)
 
 
-def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
-               ) -> dict[str, Any]:
+def _workers_after(beats: list[dict[str, Any]], end: float | None) -> list[dict[str, Any]]:
+    """Heartbeats for a job that is done: a beat sent before its last row was recorded still
+    shows the batches and requests of the end; its load columns are left unknown (``-``)
+    rather than show batches running and a queue for a finished job."""
+    if end is None:
+        return beats
+    return [b if float(b.get("updated_at") or 0) > end
+            else {**b, "running": None, "queued": None, "batches_running": None, "stale": True}
+            for b in beats]
+
+
+def _quality(r: redis.Redis, spec: JobSpec, failed: list[str] | None, early_rows: int
+             ) -> dict[str, Any]:
+    """The job's gates, the live tally's warning while it runs, and once a data set is
+    committed the gates it failed."""
+    from workers.dataset.quality_gates import thresholds
+    from workers.delivery.quality_live import read_live
+
+    live = read_live(r, spec, early_rows)
+    return {"thresholds": thresholds(spec.quality), "live": live, "warning": live["warning"],
+            "gates_failed": failed}
+
+
+def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None,
+               early_rows: int = 200) -> dict[str, Any]:
     """One JSON-able object with the job's progress (keys are a contract for scripts);
     ``store`` says where the data lives (``where``: "node" or "off-node").
 
@@ -69,15 +106,20 @@ def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
         "failed": c["failed"], "truncated": c["truncated"],
         "quarantined": c["quarantined"], "remaining": remaining,
         "state": p["state"],
+        "quality": _quality(r, spec, p["quality_failed"], early_rows),
         # Held by a live run; the rest of the unfinished batches wait (queued, or paused).
         "in_flight_batches": running,
         "queued_batches": max(spec.n_batches - p["done_batches"] - running, 0),
         "done_batches": p["done_batches"], "n_batches": spec.n_batches,
+        # Batches split at the job's end: parts an idle GPU took, and their rows.
+        "splits": p["splits"],
         "output_tokens": c["output_tokens"],
         "rate_per_sec": round(rate, 3), "tokens_per_sec": round(tok_rate, 1),
         "eta_hours": None if eta_h is None else round(eta_h, 4),
         "elapsed_s": p["elapsed_s"], "active_s": p["active_s"], "done": done,
         "dataset": p["dataset"], "dataset_version": p["dataset_version"],
-        "workers": read_heartbeats(r),
+        "workers": _workers_after(read_heartbeats(r), p["last_row_at"] if done else None),
+        # Workers that cannot work on the job now, and why (``gpu1 cannot read job X in …``).
+        "stalled": [] if done else jobstate.stalled_notes(r, spec.name),
         "store": where.to_json() if where else None,
     }

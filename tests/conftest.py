@@ -1,4 +1,10 @@
-"""Shared fixtures: a real redis-server per session, real worker processes per test."""
+"""Shared fixtures: a real redis-server and moto's S3 server once per session, real worker
+processes per test.
+
+Under pytest-xdist (``make test`` runs ``-n``) a session is one xdist worker: each worker
+starts its own redis-server and moto server once, so tests of two workers never share a
+Redis database or a bucket namespace.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +27,20 @@ from producer.localfleet import (
     start_worker,
     wait_healthy,
 )
+from workers.dataset.quality_gates import GATES
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# moto_server and s3_env, for every test module.
+pytest_plugins = ["tests.s3fixture"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker sets COLUMNS=80 and LINES=24 in its environment; commands the tests
+    run would inherit them and cut their tables at 80 columns, as no user's pipe does."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +77,9 @@ def fleet_env(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
         "FLEET_SIM_MEAN_OUTPUT_TOKENS": "40",
         "FLEET_SIM_STARTUP_S": "0.2",
         "FLEET_SIM_SEED": "7",
+        # The sim's answers here are ~40 tokens and jobs cap them low: every quality gate is
+        # off unless a test sets its own (tests/test_quality*.py).
+        "FLEET_QUALITY": ",".join(f"{g}=1" for g in GATES),
         "FLEET_ENGINE_HEALTH_INTERVAL_S": "0.5",
         "FLEET_HEARTBEAT_INTERVAL_S": "1",
         "PYTHONPATH": str(ROOT),

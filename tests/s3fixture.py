@@ -1,6 +1,6 @@
 """A real S3 endpoint for tests: moto's standalone server as a subprocess on a free port.
 
-Load it in a test module with ``pytest_plugins = ["tests.s3fixture"]`` (fixtures
+tests/conftest.py loads it for every module (fixtures
 ``moto_server`` and ``s3_env``); nothing patches boto3 in-process, so every store call goes
 over HTTP as it would to AWS.
 """

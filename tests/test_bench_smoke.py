@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.common import Goal, capped_mean_tokens
 from bench.engines import EngineModel, parse_counter, planned_engine_model
 
@@ -44,6 +46,46 @@ def test_vs_plain_runs_end_to_end_at_a_tiny_size() -> None:
     assert "40 done, 0 failed" in res.stdout
 
 
+def test_elastic_hold_bench_runs_end_to_end_at_a_tiny_size() -> None:
+    # One GPU, 60 prompts, a fast engine: the fleet's own batch size, then the plain client.
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.elastic_hold", "--gpus", "1", "--prompts", "60",
+         "--speed", "200"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode in (0, 1), res.stdout + res.stderr  # 1 = a goal missed, not a crash
+    assert "bench.elastic_hold (issue 37)" in res.stdout
+    assert "the fleet's batch size for 60 prompts on 1 GPUs: 30" in res.stdout
+    assert "60 done" in res.stdout
+
+
+def test_idle_gpu_seconds_count_only_while_a_row_is_unsent() -> None:
+    from bench.idle_gpus import EngineSample as S
+    from bench.idle_gpus import idle_figures
+
+    # Two GPUs of cap 4, 10 rows; the window opens at the first request (t=1). GPU 1 idles
+    # from 1 to 2 with rows unsent; from t=3 every row has been seen, so GPU 0 idling after
+    # that is the engines' tail, not idle time.
+    samples = [S(0.0, (0, 0), (0, 0), 0), S(1.0, (4, 0), (2, 0), 6), S(2.0, (4, 2), (0, 0), 8),
+               S(3.0, (0, 2), (0, 0), 10), S(4.0, (0, 1), (0, 0), 10)]
+    fig = idle_figures(samples, rows=10, cap=4, t_done=5.0)
+    assert fig.idle_gpu_s == 1.0 and fig.job_gpu_s == 8.0 and fig.unsent_s == 2.0
+    assert fig.idle_share == 1.0 / 8.0 and fig.ramp_idle_gpu_s == 1.0  # GPU 1 had not started
+    assert fig.empty_slot_share == (4 + 2) / 4 / (2 * 2.0)
+    assert idle_figures(samples[:1], 10, 4, 5.0).idle_share == 0.0
+
+
+def test_idle_gpus_bench_runs_end_to_end_at_a_tiny_size() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.idle_gpus", "--gpus", "2", "--prompts", "60",
+         "--requests-per-s", "60"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert res.returncode in (0, 1), res.stdout + res.stderr  # 1 = a goal missed, not a crash
+    assert "bench.idle_gpus (issue 37)" in res.stdout
+    assert "2 GPUs, 60 prompts (sigma 0.8)" in res.stdout
+
+
 def test_redis_peak_schedule_holds_a_batch_per_gpu_and_more_at_its_peak() -> None:
     from bench.redis_peak import BATCH, schedule
 
@@ -69,6 +111,14 @@ def test_redis_peak_and_s3_staging_run_end_to_end_at_a_tiny_size() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert res.returncode in (0, 1), res.stdout + res.stderr
     assert "bench.s3_staging (finding 2)" in res.stdout and "enqueued 4" in res.stdout
+
+
+def test_exports_bench_runs_end_to_end_at_a_tiny_size() -> None:
+    pytest.importorskip("transformers", reason="the export extra is not installed")
+    res = subprocess.run([sys.executable, "-m", "bench.exports", "--rows", "300"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    assert "bench.exports (issue 34)" in res.stdout and "ok 300 + errors 0 = 300" in res.stdout
 
 
 def test_tail_model_schedules_every_prompt_once_and_stealing_never_loses() -> None:

@@ -17,6 +17,10 @@ PLAN = ["plan", "--profile", "qwen36-27b-baseline", "--gpus", "7", "--prompts", 
         "--avg-output-tokens", "2490", "--gpu-price-per-hour", "4", "--gpu-memory-mib", "183359"]
 
 
+# One xdist worker runs this module, so its module fixture starts once (make test).
+pytestmark = pytest.mark.xdist_group("installed-package")
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """The package installed from the source tree into a fresh folder (not editable), its

@@ -10,9 +10,10 @@ import pytest
 from config.launch_profile import load_profile
 from config.settings import Settings
 from tests.conftest import run_producer, wait_done, write_prompts
-from workers.celery_app import make_app
 from workers.engine.relaunch_guard import LEVERS, RelaunchRefused, vet
-from workers.heartbeat import read_heartbeats
+from workers.node.heartbeat import read_heartbeats
+from workers.wiring.celery_app import make_app
+from workers.wiring.control import send_relaunch
 
 
 def _jobs(env: dict[str, str]) -> dict[str, dict]:
@@ -129,10 +130,10 @@ def test_every_tuner_lever_is_allowed_by_the_guard():
 
 def _broadcast(env: dict[str, str], node: str, payload: object) -> dict:
     app = make_app(Settings(redis_url=env["FLEET_REDIS_URL"]))
-    replies = app.control.broadcast("fleet_relaunch", arguments={"profile": payload},
-                                    destination=[node], reply=True, timeout=10)
+    answer = send_relaunch(app, node, payload, timeout_s=30)
     app.close()
-    return next(r[node] for r in replies if node in r)
+    assert answer is not None, f"{node} gave no answer"
+    return answer
 
 
 def test_a_hostile_relaunch_through_redis_is_refused_by_the_worker(fleet_env, make_workers, r):

@@ -36,8 +36,8 @@ from workers.dataset.manifest import (
 from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.sink_lock import LockLost, SinkLock, lock_key
 from workers.dataset.store import LocalStore, Store
+from workers.delivery.sink_requests import state_key
 from workers.errors import FleetError
-from workers.sink_task import state_key
 
 LIMITS = ShardLimits(rows=20)
 STEPS = ("shards-written", "manifest-written", "success-written", "cleanup")

@@ -32,7 +32,8 @@ def test_verify_and_manifest_count_quarantined_apart_from_failed(store):
     report = verify_job(store, spec)
     summary = aggregate(store, "q", ShardLimits())
     manifest = load_manifest(store, "q")
-    assert report == manifest["verify"]
+    assert {k: v for k, v in report.items() if k != "quality"} == manifest["verify"]
+    assert report["quality"] == manifest["quality"]
     assert report["quarantined"] == summary["counts"]["quarantined"] == 1
     engine_failed = sum(default_fail(i) for i in range(40) if i != 3)
     assert report["failed"] == summary["counts"]["failed"] == engine_failed  # not row 3
@@ -76,5 +77,9 @@ def test_verify_command_shows_the_same_buckets(fleet_env, r):
     res = cli(fleet_env, "verify", "--job", "vc", "--json")
     report = orjson.loads(res.stdout)
     engine_failed = sum(default_fail(i) for i in range(1, 20))
-    assert res.returncode == 0 and (report["quarantined"], report["failed"]) == (1, engine_failed)
+    # Every row there (not exit 1), but 3 of 20 failed or quarantined and every 7th cut at
+    # max_tokens: the quality gates' own code.
+    gates = report["quality"]["gates_failed"]
+    assert report["ok"] and gates == ["truncated", "failed_or_quarantined"]
+    assert res.returncode == 5 and (report["quarantined"], report["failed"]) == (1, engine_failed)
     assert "quarantined" in cli(fleet_env, "verify", "--job", "vc").stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from producer.enqueue import enqueue
+from producer.enqueue import JobInput, enqueue
 from producer.readers import read_rows
 from producer.requeue import requeue_failed
 from tests.conftest import write_prompts
@@ -34,7 +34,7 @@ def app(redis_server) -> Celery:
 
 def run_enqueue(store: LocalStore, r, app: Celery, path: Path, job: str = "st"):
     """``enqueue`` in-process with batches of 10."""
-    return enqueue(store, r, app, path, job, 10, SamplingSpec(), read_rows(path))
+    return enqueue(store, r, app, JobInput(path, job, 10, SamplingSpec(), read_rows(path)))
 
 
 def inputs(store: LocalStore, job: str = "st") -> dict[str, bytes]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from config.settings import S3Settings
-from producer.export import export
+from producer.exports import export
 from tests.s3fixture import AWS_ENV
 from tests.test_s3 import bucket_of
 from tests.test_sink import make_job, prompt_rows
@@ -25,8 +25,6 @@ from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.store import LocalStore, RetryingStore, S3Store, StoreDenied
 from workers.errors import StoreError
 from workers.retry import RetryPolicy
-
-pytest_plugins = ["tests.s3fixture"]
 
 SIZE = 64 * 1024
 

@@ -64,8 +64,11 @@ def test_batch_of_sigkilled_worker_returns_within_60s_and_keeps_progress(
 
 def test_live_batch_longer_than_the_lease_is_never_run_twice(fleet_env, make_workers, tmp_path,
                                                             r):
+    # Splits off: the idle worker would take the batch's unsent rows (tests/test_split.py),
+    # and this test counts what a lapsed lease alone makes it send.
     fast_lease = {"FLEET_VISIBILITY_TIMEOUT_S": "2", "FLEET_SWEEP_INTERVAL_S": "1",
-                  "FLEET_LEASE_RENEW_S": "0.5", "FLEET_BATCHES_PER_GPU": "1"}
+                  "FLEET_LEASE_RENEW_S": "0.5", "FLEET_BATCHES_PER_GPU": "1",
+                  "FLEET_SPLIT_MIN_ROWS": "0"}
     (a,) = make_workers([0], FLEET_SIM_SPEED="1", FLEET_SIM_MEAN_OUTPUT_TOKENS="400",
                         **fast_lease)
     src = write_prompts(tmp_path / "p.jsonl", 100)

@@ -20,7 +20,6 @@ import redis.asyncio as aioredis
 
 from config.launch_profile import load_profile
 from producer.localfleet import free_port
-from workers.context import WorkerIdentity
 from workers.dataset.jobs import encode_rows, result_key
 from workers.dataset.samples import parse_unit_key
 from workers.dataset.store import open_store
@@ -30,6 +29,7 @@ from workers.delivery.gpu_share import Claim, allowed, others_in_flight
 from workers.delivery.ownership import LostOwnership, Ownership
 from workers.delivery.progress import BatchEnv, ProgressRecorder, read_progress
 from workers.engine.lifecycle import Engine, EngineSpec
+from workers.node.context import WorkerIdentity
 
 
 def _row(job: str, batch: int, index: int, status: str = "ok") -> dict:
@@ -87,6 +87,28 @@ def test_a_run_that_lost_its_batch_can_neither_record_nor_finish(r: redis.Redis)
 
 async def _false() -> bool:
     return False
+
+
+def test_a_run_past_its_lease_confirms_its_claim_before_it_sends_again(r: redis.Redis) -> None:
+    """A run frozen past its lease (its keeper has not run yet) must not send on a claim that
+    another run took meanwhile; within the lease it sends without asking Redis."""
+    async def scenario() -> None:
+        ar = aioredis.from_url(f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}")
+        first = Ownership(ar, "z", 1, "gpu0@a", ttl_s=2)
+        assert (await first.acquire(_false, 0)).status == "ok"
+        r.set(jobstate.Keys("z").owner(1), "gpu1@b|other")  # taken over while it was frozen
+        await first.confirm(margin_s=0.5)  # fresh claim: trusted without a round trip
+        await asyncio.sleep(1.6)  # past ttl - margin: the claim may have lapsed
+        with pytest.raises(LostOwnership):
+            await first.confirm(margin_s=0.5)
+        second = Ownership(ar, "z", 2, "gpu0@a", ttl_s=2)
+        assert (await second.acquire(_false, 0)).status == "ok"
+        await asyncio.sleep(1.6)
+        await second.confirm(margin_s=0.5)  # still its own: renewed, then trusted again
+        assert r.pttl(jobstate.Keys("z").owner(2)) > 1500
+        await ar.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_a_second_delivery_waits_for_a_live_holder_and_then_gives_up(r: redis.Redis) -> None:
@@ -339,9 +361,9 @@ if __name__ == "__main__":  # pragma: no cover
 def test_the_janitor_resends_a_batch_lost_in_two_rounds_and_leaves_the_rest(
         r: redis.Redis, redis_server, tmp_path: Path) -> None:
     from config.settings import Settings
-    from workers.celery_app import make_app
     from workers.dataset.jobs import JobSpec, save_spec
     from workers.delivery.janitor import Janitor
+    from workers.wiring.celery_app import make_app
 
     store = open_store(tmp_path.as_uri(), None)
     app = make_app(Settings(redis_url=redis_server.url))

@@ -28,10 +28,8 @@ import yaml
 from deploy import compose_gen, healthcheck, procfile_gen
 from producer.localfleet import free_port, free_port_block, start_worker, stop_process
 from tests.conftest import ROOT, run_producer, wait_done, write_prompts
-from workers import heartbeat
 from workers.delivery import jobstate
-
-pytest_plugins = ["tests.s3fixture"]  # the moto_server fixture
+from workers.node import heartbeat
 
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec.json"
@@ -186,12 +184,12 @@ def test_model_cache_is_shared_and_read_only_in_workers(compose):
 def test_engine_pinning_agrees_with_the_compose_file(compose):
     from config.launch_profile import load_profile
     from config.settings import Settings
-    from workers.context import gpu_from_queues
     from workers.engine.lifecycle import EngineSpec
+    from workers.node.gpu_group import group_from_queues
 
     svc = compose["services"]["gpu3"]
     cmd = svc["command"]
-    assert gpu_from_queues([cmd[cmd.index("-Q") + 1]], None) == 3
+    assert group_from_queues([cmd[cmd.index("-Q") + 1]], None)[0].first == 3
     settings = Settings(cuda_device=env_of(svc)["FLEET_CUDA_DEVICE"])
     spec = EngineSpec(kind="sglang", profile=load_profile("qwen36-27b"), gpu=3,
                       host=settings.engine_host, port=settings.engine_port(3),
@@ -208,7 +206,7 @@ def test_compose_for_eight_gpus_as_four_groups_of_two():
     from config.launch_profile import load_profile
     from config.settings import Settings
     from workers.engine.lifecycle import EngineSpec
-    from workers.gpu_group import group_from_queues
+    from workers.node.gpu_group import group_from_queues
 
     groups = compose_gen.engine_groups(8, 2)
     text = compose_gen.render(8, 30, groups)
@@ -329,7 +327,7 @@ def test_store_flower_and_dashboards_are_wired(compose):
         assert dep["required"] is False  # a worker-only node has no createbucket
     flower = services["flower"]
     assert "FLOWER_PASSWORD" in env_of(flower)["FLOWER_BASIC_AUTH"]
-    assert "--conf=config/flowerconfig.py" in flower["command"]
+    assert "--conf=deploy/flowerconfig.py" in flower["command"]
     assert "--address=0.0.0.0" in flower["command"]  # hence basic auth is mandatory
     sink_cmd = services["sink"]["command"]
     assert sink_cmd[sink_cmd.index("-Q") + 1] == "sink" and "sink@%h" in sink_cmd

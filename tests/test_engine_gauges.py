@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from workers.engine.metrics import parse_metrics
-from workers.gauges import sample_from
+from workers.observe.gauges import sample_from
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "tune" / "snapshots"
 

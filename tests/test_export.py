@@ -38,7 +38,9 @@ def test_export_each_format(fleet_env, tmp_path, r):
         run = run_producer if fmt == "openai-batch" else cli  # one real process, the rest fast
         res = run(fleet_env, "export", "--job", "ex", "--format", fmt, "--out", str(out))
         assert res.returncode == 0, res.stderr
-        assert "wrote 45 rows" in res.stderr
+        unit = "lines (one per prompt)" if fmt == "openai-batch" else "rows"
+        assert f"wrote 45 {unit}" in res.stderr, res.stderr
+        assert "ok 40 + errors 5 = 45 rows" in res.stderr, res.stderr
     table = pq.read_table(outs["parquet"])
     assert table.schema.equals(SCHEMA) and table.equals(expected)
     assert _lines(outs["jsonl"]) == expected.to_pylist()

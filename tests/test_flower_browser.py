@@ -64,7 +64,7 @@ def flower(fleet_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
     env = {**fleet_env, "FLOWER_BASIC_AUTH": ":".join(auth)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workers", "flower", "--address=127.0.0.1",
-         f"--port={port}", "--conf=config/flowerconfig.py", "--inspect_timeout=5000"],
+         f"--port={port}", "--conf=deploy/flowerconfig.py", "--inspect_timeout=5000"],
         env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
     yield Flower(f"http://127.0.0.1:{port}", auth, proc, log)
@@ -131,6 +131,17 @@ def _check_flower(flower: Flower, out: Path, nodes: list[str]) -> None:
         browser.close()
 
 
+def _fresh_status(fleet_env: dict[str, str], timeout_s: float = 15) -> dict:
+    """``status --json`` of the done job once every worker sent a heartbeat after its end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = orjson.loads(run_producer(fleet_env, "status", "--job", JOB, "--json").stdout)
+        if not any(w.get("stale") for w in st["workers"]):
+            return st
+        assert time.monotonic() < deadline, f"no heartbeat after the end: {st['workers']}"
+        time.sleep(0.5)
+
+
 def test_flower_status_prometheus_and_report_show_the_run(fleet_env, make_workers, flower,
                                                           tmp_path, r):
     metrics_base = free_port_block(8)
@@ -151,7 +162,17 @@ def test_flower_status_prometheus_and_report_show_the_run(fleet_env, make_worker
     assert (st["completed"] + st["failed"], st["failed"], st["truncated"], st["total"]) == (
         report["rows"], report["failed"], report["truncated"], report["expected"])
     assert {w["node"] for w in st["workers"]} == {w.node for w in workers}
-    assert all(w["cap"] == 40 and w["running"] is not None for w in st["workers"]), st["workers"]
+    # A done job's table shows no load from before the end: a heartbeat sent before the last
+    # row has its load columns unknown; the first beats after it show the idle fleet.
+    for w in st["workers"]:
+        assert w["cap"] == 40, st["workers"]
+        if w.get("stale"):
+            assert (w["running"], w["queued"], w["batches_running"]) == (None,) * 3, w
+        else:
+            assert w["running"] is not None, w
+    fresh = _fresh_status(fleet_env)
+    assert all(w["cap"] == 40 and (w["running"], w["queued"]) == (0, 0)
+               for w in fresh["workers"]), fresh["workers"]
 
     # Each worker's exporter: the token counters add up to the job's output tokens.
     tokens = _stored_tokens(fleet_env["FLEET_STORE_URL"])

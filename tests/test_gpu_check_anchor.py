@@ -194,3 +194,27 @@ def test_gpu_check_on_the_simulator_orders_the_plain_client_around_the_fleet(
     assert "real SGLang" in s["sglang_offline"]["error"]
     assert "job_occupancy_until_all_taken" in s["goals"]
     assert (tmp_path / f"gpu-check-{s['date']}-server_info.json").exists()
+
+
+def test_occupancy_from_the_schedulers_running_request_lines(tmp_path: Path) -> None:
+    from bench import log_occupancy
+
+    log = tmp_path / "anchor.log"
+    log.write_text(
+        "[2026-12-01 21:05:21] Prefill batch, #new-seq: 16, #new-token: 256, #running-req: 0, "
+        "#queue-req: 0\n"  # the CLI's warm-up: no queue
+        "[2026-12-01 21:05:22] Decode batch, #running-req: 16, gen throughput (token/s): 9\n"
+        "[2026-12-01 21:05:23 TP0] Prefill batch, #new-seq: 40, #running-req: 0, "
+        "#queue-req: 60\n"  # the main run: every row at once
+        "[2026-12-01 21:05:25] Decode batch, #running-req: 40, #queue-req: 60\n"
+        "unrelated line #running-req: 3\n"
+        "[2026-12-01 21:05:28] Decode batch, #running-req: 40, #queue-req: 20\n"
+        "[2026-12-01 21:05:31] Decode batch, #running-req: 10, #queue-req: 0\n")
+    got = log_occupancy.anchor_run(log, 40)
+    assert got["decode_lines"] == 3 and got["occupancy"] == 0.75 and got["seconds"] == 8.0
+    lines = log_occupancy.read(log)
+    t0 = lines[0].at
+    assert log_occupancy.occupancy(log_occupancy.window(lines, t0 + 3, t0 + 5), 40)[
+        "occupancy"] == 1.0
+    assert log_occupancy.anchor_run(tmp_path / "missing.log", 40)["occupancy"] is None
+    assert gpu_check.runbook_batch_size([40], 1.25) == 204

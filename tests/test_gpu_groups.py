@@ -23,11 +23,11 @@ from config.launch_profile import LaunchProfile, load_profile
 from producer.localfleet import WorkerProcess, wait_healthy
 from tests.conftest import ROOT, run_producer, wait_done, write_prompts
 from tests.test_delivery import _rows, _verify, _wait_for
-from workers import gpu_group
 from workers.delivery import jobstate
 from workers.engine.capacity import EngineFlags, model_shape, plan_capacity
 from workers.engine.lifecycle import EngineSpec, ParallelismMismatch, group_profile
-from workers.gpu_group import GpuGroup, GroupError, group_from_queues, parse_group
+from workers.node import gpu_group
+from workers.node.gpu_group import GpuGroup, GroupError, group_from_queues, parse_group
 from workers.tune import gpu as nvml
 
 HOST = "grp"  # the host part of every node name here: one node, so the claims collide
@@ -296,7 +296,7 @@ def test_each_refusal_is_one_line_naming_the_queue(fleet_env, start, tmp_path, r
 
 
 def _live(r: redis.Redis) -> list[dict]:
-    from workers.heartbeat import read_heartbeats
+    from workers.node.heartbeat import read_heartbeats
 
     return read_heartbeats(r)
 

@@ -12,9 +12,9 @@ import orjson
 import redis.asyncio as aioredis
 
 from tests.conftest import run_producer, wait_done, write_prompts
+from workers.batch.limiter import Limiter
 from workers.delivery import jobstate
 from workers.delivery.gpu_share import STALE_S, Claim, GpuShare, allowed, in_flight_total
-from workers.limiter import Limiter
 
 
 def _claim(tag: str, started: float, claim: int, at: float = 100.0, in_flight: int = 0) -> Claim:

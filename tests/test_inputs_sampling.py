@@ -14,9 +14,10 @@ from aiohttp import web
 
 from producer.readers import ReadOptions, read_rows
 from tests.conftest import run_producer, wait_done
+from workers.batch.prompt_sampling import sampling_for
 from workers.dataset.jobs import JobSpec, PromptRow, SamplingSpec, load_spec
 from workers.dataset.store import open_store
-from workers.dataset.verify import batch_rows
+from workers.dataset.verify import batch_rows, stored_batches
 from workers.engine.client import EngineClient
 from workers.engine.sampling import (
     SAMPLING_PARAMS,
@@ -25,7 +26,6 @@ from workers.engine.sampling import (
     translate,
 )
 from workers.errors import InputError
-from workers.prompt_sampling import sampling_for
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:
@@ -187,7 +187,7 @@ def test_job_level_chat_options_reach_the_request_bodies():
                               {"role": "user", "content": "plain"}],
                  "top_k": 20, "min_p": 0.0, "presence_penalty": 1.5, "seed": 3,
                  "chat_template_kwargs": {"enable_thinking": False},
-                 "max_tokens": 100, "temperature": 0.6}
+                 "max_tokens": 100, "temperature": 0.6, "return_token_ids": True}
     assert b["messages"][0] == {"role": "system", "content": "own"}  # the row's own wins
     assert (c["seed"], c["temperature"], c["max_tokens"], c["logprobs"]) == (9, 0.1, 100, True)
     assert c["chat_template_kwargs"] == {"enable_thinking": False, "x": 1} and "user" not in c
@@ -207,6 +207,12 @@ def test_generate_bodies_carry_sglang_keywords_only():
                     "sampling_params": {"top_k": 20, "stop": ["END"], "sampling_seed": 1,
                                         "max_new_tokens": 7}}
     assert set(body["sampling_params"]) <= set(SAMPLING_PARAMS)
+
+
+def _job_rows(store: Any, job: str) -> list[dict[str, Any]]:
+    """Every stored row of ``job``, all its batches, in row order."""
+    rows = [r for b in stored_batches(store, job) for r in batch_rows(store, job, b).rows]
+    return sorted(rows, key=lambda r: r["index"])
 
 
 def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers, tmp_path, r):
@@ -232,7 +238,8 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
         "samples": 1}
     # The logprobs the rows asked for are kept (as the engine's JSON), one per output token.
     store = open_store(fleet_env["FLEET_STORE_URL"])
-    rows = batch_rows(store, "oai", 0).rows
+    rows = _job_rows(store, "oai")
+    assert len(rows) == 6
     for row in rows:
         content = orjson.loads(row["logprobs"])["content"]
         assert len(content) == row["completion_tokens"]  # the stop token too, as in SGLang
@@ -242,7 +249,8 @@ def test_openai_batch_with_seed_user_logprobs_runs_to_ok(fleet_env, make_workers
         for i in range(3)] + [{"custom_id": "none", "body": {"prompt": "q", "max_tokens": 8}}])
     assert run_producer(fleet_env, "enqueue", str(src), "--job", "gen").returncode == 0
     assert wait_done(fleet_env, "gen")["completed"] == 4
-    rows = batch_rows(store, "gen", 0).rows
+    rows = _job_rows(store, "gen")  # a job of 4 rows on 1 GPU is 2 batches (batch_size.py)
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
     assert rows[-1]["logprobs"] is None  # not asked for, not stored
     for row in rows[:-1]:
         got = orjson.loads(row["logprobs"])

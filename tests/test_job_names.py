@@ -38,9 +38,9 @@ def test_every_command_refuses_a_name_with_a_trailing_newline(fleet_env, tmp_pat
 
 
 def test_gpu_queue_names_are_matched_in_full():
-    from workers.context import gpu_from_queues
     from workers.errors import FleetError
+    from workers.node.gpu_group import group_from_queues
 
-    assert gpu_from_queues(["gpu3", "gpu"], None) == 3
+    assert group_from_queues(["gpu3", "gpu"], None)[0].first == 3
     with pytest.raises(FleetError):
-        gpu_from_queues(["gpu3\n", "gpu"], None)
+        group_from_queues(["gpu3\n", "gpu"], None)

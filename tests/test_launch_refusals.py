@@ -16,9 +16,9 @@ import pytest
 
 from config.launch_profile import LaunchProfile
 from workers.engine.capacity import EngineFlags, conv_bytes_per_slot, plan_capacity
+from workers.engine.launch_refusals import LaunchRefused, known_refusals
 from workers.engine.lifecycle import Engine, EngineSpec, prelaunch_refusals, start_failure
 from workers.engine.model_config import model_shape
-from workers.engine.server_args import LaunchRefused, known_refusals
 from workers.errors import EngineStartFailed
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -93,16 +93,25 @@ def test_tiny_dense_weights_match_the_real_engine() -> None:
     assert s.tied_embeddings
 
 
-def test_safetensors_index_total_size_wins_less_the_mtp_layer(tmp_path: Path) -> None:
+def test_an_index_wins_only_for_a_quantization_the_config_count_does_not_model(tmp_path) -> None:
+    """A GPTQ checkpoint's tensors are not the config's bf16 ones: then the index's total_size is
+    the weights, less the MTP layer the draft loads, plus the rope cache, in the segments the
+    config count would place them in."""
     folder = tmp_path / "quantized"
     shutil.copytree(MODELS / "qwen36-27b-dummy", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (folder / "config.json").write_text(json.dumps(cfg))
     total = 30 * GIB
     (folder / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": {}}))
     s = model_shape(str(folder))
+    counted = model_shape(str(MODELS / "qwen36-27b-dummy"))
     rope = 262144 * 64 * 4
-    assert s.weights_source == "safetensors index"
-    assert s.weights_gib * GIB == pytest.approx(total + rope - s.draft_weights_gib * GIB)
+    assert s.weights_source == "safetensors index" and s.index_gib == 30
+    assert s.tensor_gib * GIB == pytest.approx(total + rope - s.draft_weights_gib * GIB)
+    assert s.weights_gib - s.tensor_gib == pytest.approx(
+        counted.weights_gib - counted.tensor_gib, abs=1e-9)
 
 
 def _cache(root: Path, repo: str, revision: str, config: Path) -> Path:
@@ -291,24 +300,42 @@ def test_gpt_oss_as_published_counts_its_mxfp4_experts_at_4_25_bits() -> None:
     assert 12.5 < mx.weights_gib < 13.5
 
 
-@pytest.mark.parametrize("model", ["deepseek-v2-lite", "falcon-h1-7b", "gemma-3-1b"])
-def test_an_index_total_adds_what_sglang_allocates_beyond_the_checkpoint(tmp_path, model) -> None:
-    """With ``model.safetensors.index.json`` the weights are its ``total_size`` plus the rope
-    cache and what the engine adds at load (MLA's w_kc/w_vc and YaRN tables, Gemma-3's second
-    rope, Falcon-H1's float32 head): the same bytes the config count gives."""
+FAMILIES = sorted(p.parent.name for p in MODELS.glob("*/config.json"))
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("total", ["checkpoint", "logged"])
+def test_a_folder_with_an_index_gives_the_config_s_exact_answer(tmp_path, model, total) -> None:
+    """Every family, with ``model.safetensors.index.json`` beside its config.json: SGLang
+    allocates the parameters from the config and the checkpoint only fills them, so the
+    weights, the pools and the cap are the config's to the byte, whatever ``total_size`` says
+    (the checkpoint's own tensors, or the load's logged footprint as a held-out test wrote it)."""
     from workers.engine import weights as w
+    from workers.engine.capacity import EngineFlags, plan_capacity
 
     counted = model_shape(str(MODELS / model))
     text = json.loads((MODELS / model / "config.json").read_text())
     rope_dim = int(text.get("qk_rope_head_dim") or text.get("head_dim") or 128)
     checkpoint = (counted.tensor_gib * GIB - w.rope_buffer_bytes(text, rope_dim)
                   - w.runtime_extra_bytes(counted.architecture, text))
+    size = int(checkpoint if total == "checkpoint" else counted.weights_gib * GIB)
     shutil.copy(MODELS / model / "config.json", tmp_path / "config.json")
     (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": int(checkpoint)}}))
+        json.dumps({"metadata": {"total_size": size}, "weight_map": {}}))
     indexed = model_shape(str(tmp_path))
-    assert indexed.weights_source == "safetensors index"
-    assert indexed.weights_gib == pytest.approx(counted.tensor_gib, abs=1e-6)
+    assert indexed.index_gib == pytest.approx(size / GIB)
+    assert (indexed.weights_gib, indexed.tensor_gib, indexed.weights_source) == (
+        counted.weights_gib, counted.tensor_gib, "config")
+    flags = EngineFlags.from_flags({"context-length": 8192, "disable-cuda-graph": True})
+    try:
+        want = plan_capacity(counted, flags, 143_771)
+    except (ValueError, RuntimeError):  # too big for one H200, or refused: so with the index
+        with pytest.raises((ValueError, RuntimeError)):
+            plan_capacity(indexed, flags, 143_771)
+        return
+    got = plan_capacity(indexed, flags, 143_771)
+    assert (got.max_total_num_tokens, got.max_running_requests, got.max_mamba_cache_size) == (
+        want.max_total_num_tokens, want.max_running_requests, want.max_mamba_cache_size)
 
 
 def test_olmoe_and_gemma3_4b_count_their_published_totals() -> None:

@@ -28,18 +28,18 @@ from config.settings import Settings
 from producer import render
 from producer.localfleet import RedisServer, free_port
 from producer.report import build_report
-from workers.celery_app import make_app
-from workers.context import WorkerIdentity
 from workers.dataset.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.dataset.store import open_store
 from workers.delivery import jobstate
 from workers.delivery.jobstate import node_prompts_key
 from workers.delivery.progress import BatchEnv, ProgressRecorder
 from workers.engine.lifecycle import EngineState
-from workers.events import BATCH_TASK, TaskProgress, format_task, worker_info
-from workers.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
-from workers.metrics import Exporter, FleetCollector, record_batch
+from workers.node.context import WorkerIdentity
+from workers.observe.events import BATCH_TASK, TaskProgress, format_task, worker_info
+from workers.observe.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
+from workers.observe.metrics import Exporter, FleetCollector, record_batch
 from workers.sim.report import SimMetrics
+from workers.wiring.celery_app import make_app
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "gpu3@obs"
@@ -279,7 +279,7 @@ def flower_options() -> Iterator[Any]:
 
 
 def test_flower_config_binds_loopback_and_refuses_public_address_without_auth(flower_options):
-    conf = str(ROOT / "config" / "flowerconfig.py")
+    conf = str(ROOT / "deploy" / "flowerconfig.py")
     flower_options.address = ""
     flower_options.parse_config_file(conf, final=False)
     assert flower_options.address == "127.0.0.1"
@@ -325,3 +325,36 @@ def test_report_writes_markdown_summary_and_non_empty_pngs(r, redis_server, tmp_
     assert summary["output_length_tokens"]["max"] == 40
     md = (out / "report.md").read_text()
     assert "![tokens/s per GPU](throughput.png)" in md and "| stop | 3 |" in md
+
+
+def test_the_status_of_a_done_job_shows_no_batches_running_nor_a_queue(r: redis.Redis):
+    """A heartbeat sent before the job's last row still carries the end's load (40/40
+    running, queue 9): once the job is done, those columns are unknown, not shown."""
+    import time as _time
+
+    from producer.status import job_status
+    from workers.dataset.jobs import JobSpec
+    from workers.delivery import jobstate
+    from workers.node import heartbeat
+
+    spec = JobSpec(name="fin", total=4, batch_size=4, n_batches=1, input_path="x",
+                   input_fingerprint="f")
+    jobstate.register_job(r, "fin", spec.model_dump_json())
+    end = _time.time()
+    r.hset(jobstate.Keys("fin").job, mapping={"last_row_at": end, "first_taken_at": end - 5})
+    r.sadd(jobstate.Keys("fin").done, 0)
+    r.hset(jobstate.Keys("fin").stats, mapping={"completed": 4})
+    beat = {"node": NODE, "gpu": 0, "engine": "sim", "profile": "p", "engine_state": "healthy",
+            "engine_restarts": 0, "batches_running": 1, "tokens_per_sec": 10.0,
+            "output_tokens": 40, "running": 40, "cap": 40, "queued": 9, "updated_at": end - 1}
+    heartbeat.publish(r, NODE, beat, 30)
+    st = job_status(r, spec)
+    assert st["done"] and st["workers"][0]["running"] is None, st["workers"]
+    console = Console(record=True, width=160)
+    console.print(render.status_table(st))
+    text = console.export_text()
+    assert "40/40" not in text and " 9 " not in text, text
+    heartbeat.publish(r, NODE, {**beat, "running": 0, "queued": 0, "batches_running": 0,
+                                "updated_at": end + 1}, 30)
+    fresh = render._settled(lambda: job_status(r, spec), st, wait_s=5)
+    assert (fresh["workers"][0]["running"], fresh["workers"][0]["queued"]) == (0, 0)

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.conftest import run_producer, wait_done, write_prompts
-from workers.heartbeat import read_heartbeats
+from workers.node.heartbeat import read_heartbeats
 
 
 def _engine_pids(guard_pid: int) -> list[int]:

@@ -24,7 +24,7 @@ from workers.engine.log import parse_log
 from workers.engine.metrics import full_kv_usage, parse_metrics
 from workers.engine.versions import check_version, engine_version
 from workers.errors import PromptFailed, PromptRejected
-from workers.gauges import sample_from
+from workers.observe.gauges import sample_from
 
 # What each start logged (the pool lines, verbatim in the capture README and server.log).
 STARTS = {

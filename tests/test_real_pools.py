@@ -10,7 +10,10 @@ that ``bench/gpu_configs.py`` wrote are found and checked the same way from thei
 families of issue 28 (a Falcon-H1-7B shape: Mamba-2 on every layer; DeepSeek-V2-Lite: MLA +
 MoE; gpt-oss-20b: sliding window with sinks; Gemma-3-1B; Qwen3-30B-A3B) with the cap and Mamba
 slots exact, KV within 0.04 % and the weights counted from config.json within 0.1 %, and the
-Nemotron-H launch SGLang refused on the triton backend.
+Nemotron-H launch SGLang refused on the triton backend; issue 36's Granite-4.0-H (pools, then
+the triton backend's refusal), Nemotron-H on torch_native and DeepSeek-V2-Lite with CUDA graphs;
+and SGLang 0.5.17's own captures (tests/fixtures/sglang/0.5.17/real-h200/), planned with 0.5.17's
+arithmetic.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pytest
 
 from workers.engine.capacity import (
     EngineFlags,
+    conv_bytes_per_slot,
     kv_cell_bytes,
     mamba_breakdown_gib,
     model_shape,
@@ -132,27 +136,35 @@ def test_the_draft_fits_in_what_the_target_left(stage: str) -> None:
     assert left == pytest.approx(log.pool_end_avail_gib, abs=0.06)
 
 
-def _new_captures() -> dict[str, tuple[str, dict]]:
+def _new_captures(root: Path = REAL) -> dict[str, tuple[str, dict]]:
     """Captures written by ``bench/gpu_configs.py`` (a ``summary.json`` with the launch flags):
     copied in here, each is checked like the four above, from its flags and its model's
     config.json under tests/fixtures/models/ (the model-path's folder name)."""
     found = {}
-    for folder in sorted(p for p in REAL.iterdir() if p.is_dir() and p.name not in STAGES):
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in STAGES):
         summary = folder / "summary.json"
         data = json.loads(summary.read_text()) if summary.is_file() else {}
         flags = data.get("flags") if isinstance(data, dict) else None
-        if isinstance(flags, dict) and (folder / "server.log").is_file():
+        slow = "not healthy after" in str(data.get("error", "")) if isinstance(data, dict) else 0
+        if isinstance(flags, dict) and (folder / "server.log").is_file() and not slow:
             model = Path(str(flags.get("model-path", ""))).name
             found[folder.name] = (model, {k: v for k, v in flags.items() if k != "model-path"})
     return found
 
 
-@pytest.mark.parametrize(("stage", "launch"), sorted(_new_captures().items()))
-def test_every_new_capture_is_predicted_from_its_flags_and_config(stage, launch) -> None:
+# release -> its captures' folder (bench/gpu_configs.py on the lent H200; README.md beside them)
+RELEASE_CAPTURES = {"0.5.11": REAL, "0.5.17": FIXTURES / "sglang" / "0.5.17" / "real-h200"}
+LAUNCHES = sorted((version, stage, launch) for version, root in RELEASE_CAPTURES.items()
+                  for stage, launch in _new_captures(root).items())
+
+
+@pytest.mark.parametrize(("version", "stage", "launch"), LAUNCHES)
+def test_every_new_capture_is_predicted_from_its_flags_and_config(version, stage, launch) -> None:
     model, flags = launch
-    log = parse_log((REAL / stage / "server.log").read_text())
+    root = RELEASE_CAPTURES[version]
+    log = parse_log((root / stage / "server.log").read_text())
     shape = model_shape(str(FIXTURES / "models" / model))
-    engine_flags = EngineFlags.from_flags({"context-length": 8192, **flags}, ENV)
+    engine_flags = EngineFlags.from_flags({"context-length": 8192, **flags}, ENV, version=version)
     if log.scheduler is None:  # the real engine refused or died at start: so must the plan
         with pytest.raises((ValueError, RuntimeError)):
             plan_capacity(shape, engine_flags, H200_MIB)
@@ -174,6 +186,94 @@ def test_every_new_capture_is_predicted_from_its_flags_and_config(stage, launch)
         parts = mamba_breakdown_gib(shape, engine_flags, plan)
         assert round(parts["ssm_state"], 2) == log.mamba.ssm_gib
         assert round(parts["conv_state"], 2) == log.mamba.conv_gib
+
+
+def test_granite_4_0_h_pools_are_predicted_before_the_triton_backend_refuses_it() -> None:
+    """Granite-4.0-H (first layer Mamba-2) on ``--attention-backend triton``: SGLang 0.5.11
+    sized its pools (220 Mamba slots, 2,283,505 KV tokens), then ``TritonAttnBackend.__init__``
+    asked for layer 0's value buffer and died (``layer_id=0 not in full attention layers``).
+    The plan refuses that launch with the same words, and on another backend gives the pools
+    the engine logged."""
+    from workers.engine.launch_refusals import known_refusals
+
+    text = (REAL / "granite_4_0_h" / "server.log").read_text()
+    assert "layer_id=0 not in full attention layers" in text
+    log = parse_log(text)
+    shape = model_shape(str(FIXTURES / "models" / "granite-4.0-h-small-shape"))
+    base = {"context-length": 8192, "disable-piecewise-cuda-graph": True,
+            "disable-cuda-graph": True}
+    refused = known_refusals(shape, EngineFlags.from_flags(
+        {**base, "attention-backend": "triton"}))
+    assert any("layer_id=0 not in full attention layers" in str(r) for r in refused)
+    flags = EngineFlags.from_flags({**base, "attention-backend": "torch_native"})
+    plan = plan_capacity(shape, flags, H200_MIB)
+    assert plan.max_mamba_cache_size == log.mamba.slots == 220
+    assert plan.max_total_num_tokens == pytest.approx(log.kv_tokens, rel=0.001)
+    parts = mamba_breakdown_gib(shape, flags, plan)
+    assert (round(parts["ssm_state"], 2), round(parts["conv_state"], 2)) == (
+        log.mamba.ssm_gib, log.mamba.conv_gib)
+    assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051)
+
+
+BIG80_0517 = FIXTURES / "sglang" / "0.5.17" / "real-h200" / "big80_unhealthy"
+
+
+def _big80_0517():
+    shape = model_shape(str(FIXTURES / "models" / "qwen36-27b-dummy"))
+    flags = EngineFlags.from_flags({"context-length": 8192, **SPEC, "max-mamba-cache-size": 80},
+                                   ENV, version="0.5.17")
+    return shape, flags, plan_capacity(shape, flags, H200_MIB)
+
+
+def test_the_27b_stand_in_on_0_5_17_caps_and_sizes_its_mamba_pool_as_planned() -> None:
+    """SGLang 0.5.17 with the baseline launch (80 slots, MTP): its pools were allocated and
+    logged, then the 58 prefill CUDA graphs it captures for this multimodal model took longer
+    than the call's 128 s health wait. The cap line, the Mamba slots and the conv/SSM buffers
+    are the plan's; the intermediate conv window is half the dense size: 0.5.17 keeps one
+    ``D + K - 2`` window per request (``memory_pool.py::_allocate_deduplicated_conv_window``,
+    topk 1), not ``D`` windows of ``K - 1``."""
+    text = BIG80_0517.joinpath("server.log").read_text()
+    log = parse_log(text)
+    shape, flags, plan = _big80_0517()
+    cap = re.search(r"max_running_requests is capped to (\d+) by the mamba state cache", text)
+    assert cap is not None and int(cap.group(1)) == plan.max_running_requests == 16
+    assert log.mamba.slots == plan.max_mamba_cache_size == 80
+    parts = mamba_breakdown_gib(shape, flags, plan)
+    assert (round(parts["conv_state"], 2), round(parts["ssm_state"], 2),
+            round(parts["intermediate_ssm_state_cache"], 2),
+            round(parts["intermediate_conv_window_cache"], 2)) == (
+        log.mamba.conv_gib, log.mamba.ssm_gib, log.mamba.intermediate_ssm_gib,
+        log.mamba.intermediate_conv_gib)
+    draft, kernel = 4, shape.mamba_conv_kernel
+    dense = (plan.max_running_requests + 1) * draft * conv_bytes_per_slot(shape, flags) / 2**30
+    assert parts["intermediate_conv_window_cache"] == pytest.approx(
+        dense * (draft + kernel - 2) / (draft * (kernel - 1)))
+    assert (kernel, log.mamba.intermediate_conv_gib, round(dense, 2)) == (4, 0.09, 0.19)
+    assert (log.weights_gib, log.draft_weights_gib) == (50.89, 5.52)
+    assert shape.weights_gib == pytest.approx(log.weights_gib, abs=0.0051)
+
+
+def test_the_27b_stand_in_on_0_5_17_kv_pool_is_within_one_percent() -> None:
+    """0.5.17 sizes this multimodal MTP hybrid's KV pool 16 % under 0.5.11's arithmetic, for
+    three reasons read from its wheel: the draft's weights (5.52 GB) load before the pools are
+    sized (``Scheduler.init_memory_pools``); the tokenizer holds a 1 GiB CUDA-IPC feature pool
+    and its own CUDA context on GPU 0 before ``pre`` is measured
+    (``_handle_multimodal_feature_transport``); and the 58 breakable prefill graphs this
+    architecture keeps are reserved (``reserve_for_graph_mb``), which lowers the fraction."""
+    text = BIG80_0517.joinpath("server.log").read_text()
+    log = parse_log(text)
+    shape, flags, plan = _big80_0517()
+    fraction = re.search(r"mem_fraction_static=([\d.]+)", text)
+    assert fraction is not None
+    assert plan.mem_fraction_static == pytest.approx(float(fraction.group(1)), abs=1e-12)
+    # 139.13 GiB free on 0.5.11 (STARTUP_USED_GIB) less 1,024 + 527 MiB: 137.615, logged 137.61
+    assert log.weights_begin_avail_gib == 137.61
+    assert plan.free_before_weights_gib == pytest.approx(137.61, abs=0.01)
+    assert plan.max_total_num_tokens == pytest.approx(log.kv_tokens, rel=0.001)
+    weights = log.weights_begin_avail_gib - log.weights_end_avail_gib
+    from_log = plan_capacity(dataclasses.replace(shape, weights_gib=weights), flags, H200_MIB,
+                             log.weights_begin_avail_gib)
+    assert from_log.max_total_num_tokens == pytest.approx(log.kv_tokens, rel=0.001)
 
 
 def test_the_families_pools_are_the_ones_sglang_gave_them() -> None:
@@ -200,3 +300,27 @@ def test_the_families_pools_are_the_ones_sglang_gave_them() -> None:
     assert (falcon.full_attention_layers, falcon.linear_attention_layers) == (44, 44)
     lite = model_shape(str(FIXTURES / "models" / "deepseek-v2-lite"))
     assert (lite.kv_heads, lite.kv_bytes_per_token) == (0, 27 * (512 + 64) * 2)
+
+
+def test_the_sim_playing_0_5_17_gives_the_real_engine_s_pools(tmp_path: Path) -> None:
+    """The simulator launched with the capture's argv as 0.5.17: /server_info holds the KV
+    tokens, Mamba slots and cap the real 0.5.17 engine allocated (its pools come from the same
+    arithmetic)."""
+    from tests.simproc import launch
+
+    argv = BIG80_0517.joinpath("argv.txt").read_text().split()
+    argv = argv[argv.index("--model-path"):argv.index("--host")]
+    argv[1] = str(FIXTURES / "models" / "qwen36-27b-dummy")
+    log = parse_log(BIG80_0517.joinpath("server.log").read_text())
+    sim = launch(tmp_path, argv, {"FLEET_SIM_SGLANG_VERSION": "0.5.17",
+                                  "FLEET_SIM_GPU_MEMORY_MIB": str(H200_MIB), **ENV})
+    try:
+        sim.wait_ready()
+        info = sim.get("/server_info").json()
+    finally:
+        sim.stop()
+    state = info["internal_states"][0]
+    assert info["max_total_num_tokens"] == pytest.approx(log.kv_tokens, rel=0.001)
+    assert info["mem_fraction_static"] == pytest.approx(0.835063359375, abs=1e-12)
+    assert state["max_mamba_cache_size"] == log.mamba.slots == 80
+    assert state["effective_max_running_requests_per_dp"] == 16

@@ -6,17 +6,18 @@ The expected values are worked out here from the formulas of each release's
 ``mem_cache/kv_cache_configurator.py`` from 0.5.16) and ``server_args.py``; only the inputs
 that no release changes (the model's bytes per Mamba slot and per KV token, the weights, the
 GPU's free memory, the reserve formula's terms) come from :mod:`workers.engine`. Only 0.5.11's
-arithmetic is checked against a real engine (tests/test_real_pools.py, one H200).
+and 0.5.17's arithmetic are checked against a real engine (tests/test_real_pools.py, one H200).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from tests.simproc import launch
-from workers.engine import capacity, server_args
+from workers.engine import capacity, launch_refusals, server_args
 from workers.engine.capacity import GIB, STARTUP_USED_GIB, EngineFlags, model_shape
 from workers.engine.releases import KNOWN, release_key
 
@@ -56,7 +57,25 @@ def fraction(shape: capacity.ModelShape, flags: dict, version: str) -> float:
     reserved = server_args.reserved_mib(chunk, graph, f11, H200_MIB, shape)  # with the 4096
     if since(version, "0.5.14") and "speculative-algorithm" in flags:
         reserved -= 4096
+    if since(version, "0.5.17") and shape.architecture == "Qwen3_5ForConditionalGeneration":
+        # reserve_for_graph_mb: the breakable prefill graphs this multimodal arch keeps (0.5.11
+        # turned piecewise graphs off for every multimodal model), 8 MiB per captured size
+        reserved += len(server_args.piecewise_token_sizes(chunk)) * 8
     return round((H200_MIB - reserved) / H200_MIB, 3) * server_args.vlm_mem_factor(shape.vision)
+
+
+def _rest_gib(shape: capacity.ModelShape, flags: dict, version: str) -> float:
+    """``_profile_available_bytes``: rest = post - pre * (1 - f), before the Mamba pool."""
+    pre = H200_MIB / 1024 - STARTUP_USED_GIB
+    if shape.multimodal and since(version, "0.5.17"):
+        pre -= (1024 + 527) / 1024  # the tokenizer's CUDA-IPC feature pool and CUDA context
+    rest = pre * fraction(shape, flags, version) - shape.pre_load_gib - shape.weights_gib \
+        - shape.unexplained_gib
+    if "speculative-algorithm" in flags and since(version, "0.5.17"):
+        rest -= shape.draft_load_gib  # Scheduler.init_memory_pools: after the draft loaded
+    if shape.multimodal and since(version, "0.5.18"):
+        rest -= 100 / 1024  # mm_runtime_reservation_gb: SGLANG_VLM_CACHE_SIZE_MB = 100
+    return rest
 
 
 def expected(shape: capacity.ModelShape, flags: dict, version: str, ratio: int) -> tuple:
@@ -64,13 +83,8 @@ def expected(shape: capacity.ModelShape, flags: dict, version: str, ratio: int) 
     f = EngineFlags.from_flags(flags, ENV, None, version)
     per = capacity.mamba_bytes_per_slot(shape, f)
     cell = capacity.kv_cell_bytes(shape, f)
-    pre = H200_MIB / 1024 - STARTUP_USED_GIB
-    # _profile_available_bytes: rest = post - pre * (1 - f)
-    rest = pre * fraction(shape, flags, version) - shape.pre_load_gib - shape.weights_gib \
-        - shape.unexplained_gib
-    if shape.multimodal and since(version, "0.5.18"):
-        rest -= 100 / 1024  # mm_runtime_reservation_gb: SGLANG_VLM_CACHE_SIZE_MB = 100
     spec = "speculative-algorithm" in flags
+    rest = _rest_gib(shape, flags, version)
     draft = 4 if spec else 0
     cli = flags.get("max-running-requests", 48 if spec else None)
     given = flags.get("max-mamba-cache-size")
@@ -141,7 +155,10 @@ def test_0_5_17_charges_one_request_and_the_padding_slot_more_0_5_18_the_vlm_cac
     cell = capacity.kv_cell_bytes(QWEN36, EngineFlags())
     t16, t17, t18 = (plan(QWEN36, TUNED, v).max_total_num_tokens
                      for v in ("0.5.16", "0.5.17", "0.5.18"))
-    assert t16 - t17 == pytest.approx((4 + 1) * per / cell, abs=1)  # (40+1)*4 and 200+1
+    # (40+1)*4 and 200+1; the draft loaded first; the tokenizer's IPC pool and context
+    # (1,551 MiB less `pre`, at the flag's fraction 0.93)
+    first = QWEN36.draft_load_gib * GIB + 1551 * 2**20 * 0.93
+    assert t16 - t17 == pytest.approx(((4 + 1) * per + first) / cell, abs=2)
     assert t17 - t18 == pytest.approx(100 * 2**20 / cell, abs=1)
 
 
@@ -193,11 +210,11 @@ def test_flag_rules_that_moved(version: str) -> None:
     # extra_buffer without the radix cache: refused through 0.5.13, R = 1 from 0.5.14
     no_radix = EngineFlags.from_flags({**eb, "disable-radix-cache": True}, {}, None, version)
     if since(version, "0.5.14"):
-        server_args.check_hybrid_flags(no_radix)
+        launch_refusals.check_hybrid_flags(no_radix)
         assert server_args.mamba_ratio(no_radix) == 1
     else:
         with pytest.raises(ValueError, match="extra_buffer"):
-            server_args.check_hybrid_flags(no_radix)
+            launch_refusals.check_hybrid_flags(no_radix)
     # A 32 GiB GPU: (2048, 24) through 0.5.19, (4096, 48) from 0.5.20
     chunk, graph, _ = server_args.derived_defaults(32 * 1024, EngineFlags.from_flags(
         {}, {}, None, version))
@@ -242,3 +259,54 @@ def test_the_sim_plays_each_release_s_caps(tmp_path: Path) -> None:
              "--max-running-requests", "6000"]
     assert [_sim_caps(tmp_path, dense, v)[0]["loads"][0]["max_running_requests"]
             for v in ("0.5.11", "0.5.23")] == [4096, 6000]
+
+
+def test_0_5_17_keeps_prefill_graphs_by_model_class() -> None:
+    """0.5.17 ``_apply_cuda_graph_compatibility``: breakable prefill graphs for text models the
+    0.5.11 list turned off (Qwen3-Next), for the two Qwen3.5 multimodal architectures; none for
+    MLA other than DSA, Nemotron-H, other multimodal models, or with the flag."""
+    def on(shape: capacity.ModelShape, version: str, flags: dict | None = None) -> bool:
+        return server_args.piecewise_cuda_graph(
+            EngineFlags.from_flags(flags or CTX, {}, None, version), shape)
+
+    other_vlm = dataclasses.replace(QWEN36, architecture="Qwen3VLForConditionalGeneration")
+    cases = {  # name: (shape, 0.5.11, 0.5.17)
+        "llama": (DENSE, True, True),
+        "qwen3.5 vlm": (QWEN36, False, True),
+        "qwen3-vl": (other_vlm, False, False),
+        "qwen3-next": (model_shape(str(MODELS / "qwen3next-tiny")), False, True),
+        "deepseek-v2 mla": (model_shape(str(MODELS / "deepseek-v2-lite")), True, False),
+        "nemotron-h": (model_shape(str(MODELS / "nemotron-h-8b")), True, False),
+    }
+    for name, (shape, old, new) in cases.items():
+        assert (on(shape, "0.5.11"), on(shape, "0.5.17")) == (old, new), name
+    assert not on(QWEN36, "0.5.17", {**CTX, "disable-piecewise-cuda-graph": True})
+    # the reserve: 58 sizes up to the 8192 chunk, 8 MiB each, in the Qwen3.5 fraction
+    f16, f17 = (plan(QWEN36, CTX, v).mem_fraction_static for v in ("0.5.16", "0.5.17"))
+    assert round(f16 / server_args.vlm_mem_factor(QWEN36.vision), 3) == round(
+        (H200_MIB - 512 - 8192 * 1.5 - 128 - 512) / H200_MIB, 3)
+    assert round(f17 / server_args.vlm_mem_factor(QWEN36.vision), 3) == round(
+        (H200_MIB - 512 - 8192 * 1.5 - 128 - 512 - 58 * 8) / H200_MIB, 3)
+
+
+def test_0_5_17_a_multimodal_model_s_tokenizer_holds_gpu_memory_before_pre() -> None:
+    """``_handle_multimodal_feature_transport``: cuda_ipc unless ``--mm-feature-transport cpu``;
+    the pool (SGLANG_MM_FEATURE_CACHE_MB, 1024) and the tokenizer process's CUDA context."""
+    total = H200_MIB / 1024 - STARTUP_USED_GIB
+    assert plan(QWEN36, CTX, "0.5.17").free_before_weights_gib == pytest.approx(
+        total - (1024 + 527) / 1024)
+    for shape, flags, version in ((QWEN36, {**CTX, "mm-feature-transport": "cpu"}, "0.5.17"),
+                                  (QWEN36, CTX, "0.5.16"), (DENSE, CTX, "0.5.17")):
+        assert plan(shape, flags, version).free_before_weights_gib == pytest.approx(total)
+
+
+def test_0_5_17_sizes_the_pools_after_the_draft_loaded() -> None:
+    """``Scheduler.init_memory_pools`` after the draft worker: with the fraction pinned, the
+    KV pool is the draft's loaded weights smaller than without speculation's other terms."""
+    pinned = {**BASELINE, "mem-fraction-static": 0.85, "mm-feature-transport": "cpu"}
+    t16, t17 = (plan(QWEN36, pinned, v).max_total_num_tokens for v in ("0.5.16", "0.5.17"))
+    per = capacity.mamba_bytes_per_slot(QWEN36, EngineFlags())
+    cell = capacity.kv_cell_bytes(QWEN36, EngineFlags())
+    # and 0.5.17's one request (+1) and padding slot more: (16 + 1) * 4 states and 80 + 1 slots
+    gone = QWEN36.draft_load_gib * GIB + (4 + 1) * per
+    assert t16 - t17 == pytest.approx(gone / cell, abs=2)

@@ -13,11 +13,11 @@ import pytest
 from producer.keep import parse_keep
 from producer.options import job_sampling
 from tests.conftest import run_producer, wait_done
+from workers.batch.prompt_sampling import sampling_for
 from workers.dataset.jobs import JobSpec, PromptRow, SamplingSpec
 from workers.dataset.samples import parse_unit_key, row_samples, sample_seed, unit_key
 from workers.engine.sampling import SamplingError, translate
 from workers.errors import InputError
-from workers.prompt_sampling import sampling_for
 
 
 def test_unit_keys_keep_a_one_sample_job_keyed_by_index() -> None:

@@ -3,7 +3,9 @@
 Each seed is one schedule of faults and operator actions against a real fleet (see
 tests/chaos/). A failing schedule prints its steps and the command that replays it:
 ``FLEET_SCHEDULE_SEED=N .venv/bin/python -m pytest tests/test_schedule.py -k replay``.
-``make soak`` runs many (tests/chaos/soak.py).
+``make test`` runs two short schedules (``SHORT``: fewer prompts and steps in a shorter
+window); the full-size CI seeds and ``make soak`` (tests/chaos/soak.py) carry the marker
+``soak`` and run only under ``make soak`` / ``pytest -m soak``.
 """
 
 from __future__ import annotations
@@ -13,15 +15,21 @@ import time
 
 import pytest
 
-from tests.chaos.schedule import SIDE, make_schedule, run_schedule
-
-pytest_plugins = ["tests.s3fixture"]
+from tests.chaos.runner import run_schedule
+from tests.chaos.schedule import SIDE, SPLITTING, Shape, make_schedule
 
 # One schedule on the local store (a worker frozen past its lease, engines that cannot restart
 # for a while, a SIGKILLed worker and pool child, Redis restarted, the sink and enqueue mid-job),
 # one on S3 through the proxy (Redis restarted, pause/resume while a worker and its engine are
 # frozen, an interrupted and a full enqueue, the store cut off).
 CI_SEEDS = [160, 351]
+# The short subset of `make test`: seed 8 on the local store (an engine blocked then freed, a
+# result deleted, a SIGKILLed worker and pool child), seed 9 on S3 (an engine and a worker
+# killed, the queues lost, Redis hard-restarted).
+SHORT = Shape(prompts=80, side_prompts=20, window_s=8.0, min_steps=3, max_steps=4)
+SHORT_SEEDS = [8, 9]
+# Batches split at the job's end under faults (tests/chaos/schedule.py SPLITTING).
+SPLIT_SEEDS = [2]
 # Seeds that fail on the delivery code of today, with the finding of issue 12 that makes them
 # fail; remove an entry once its fix lands (the schedule must then pass).
 KNOWN_FAILING: dict[int, str] = {}
@@ -33,6 +41,26 @@ def _ci_seed(seed: int) -> object:
     return seed
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", SHORT_SEEDS)
+def test_short_schedule(seed, fleet_env, moto_server, tmp_path):
+    out = run_schedule(make_schedule(seed, SHORT), fleet_env, tmp_path, moto_server)
+    print(out.report())
+    assert out.ok, out.report()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", SPLIT_SEEDS)
+def test_split_schedule(seed, fleet_env, moto_server, tmp_path):
+    schedule = make_schedule(seed)
+    assert schedule.shape == SPLITTING
+    out = run_schedule(schedule, fleet_env, tmp_path, moto_server)
+    print(out.report())
+    assert out.ok, out.report()
+    assert out.splits >= 1, "no batch was split: the schedule did not test what it is for"
+
+
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", [_ci_seed(s) for s in CI_SEEDS])
 def test_schedule(seed, fleet_env, moto_server, tmp_path):
@@ -67,6 +95,7 @@ def test_a_seed_always_draws_the_same_schedule_within_the_model():
 SOAK_MINUTES = float(os.environ.get("FLEET_SOAK_MINUTES", "0"))
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(int(SOAK_MINUTES * 60) + 900)
 def test_soak(fleet_env, moto_server, tmp_path):
     if not SOAK_MINUTES:

@@ -19,7 +19,7 @@ from deploy import preflight
 from producer.localfleet import free_port, start_worker, stop_process, wait_healthy
 from tests.conftest import ROOT
 from workers.engine.lifecycle import engine_base_env
-from workers.heartbeat import read_heartbeats
+from workers.node.heartbeat import read_heartbeats
 
 PASSWORD = "p/w#fr4g?q=1@h0st%41"
 FRAGMENTS = ("fr4g", "q=1", "h0st", "%41", "p/w")

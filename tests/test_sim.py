@@ -41,6 +41,10 @@ def start(tmp_path: Path) -> Iterator:
         sim.stop()
 
 
+# One xdist worker runs this module, so its module fixture starts once (make test).
+pytestmark = pytest.mark.xdist_group("sim-small")
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     """One fast dense-model sim shared by the API-shape tests."""
@@ -424,7 +428,7 @@ def test_int_flags_refuse_human_readable_values_where_sglang_does() -> None:
         proc = subprocess.Popen([sys.executable, "-m", "workers.sim", *argv], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            code = proc.wait(timeout=3)
+            code = proc.wait(timeout=10)  # a loaded 2-core machine starts Python slowly
         except subprocess.TimeoutExpired:
             code = None  # still starting: argparse took the value
         finally:

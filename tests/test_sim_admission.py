@@ -63,3 +63,24 @@ def test_one_round_admits_what_the_prefill_adder_admits(pool: int) -> None:
     # The k-th newcomer (k admitted before it) needs per < pool - k * per (prompts held,
     # budgets kept aside), i.e. (k + 1) * per < pool.
     assert len(engine.running) == math.ceil(pool / per) - 1
+
+
+def test_a_rounds_newcomers_join_the_running_batch_once_their_prefill_has_run() -> None:
+    """SGLang runs a round's prefill as a forward of its own and merges it into the running
+    batch in the next iteration, so during that forward ``/v1/loads`` and the gauges count
+    only the requests that were running before: a finished request's slot stays empty for it."""
+    import dataclasses
+    import time
+
+    engine = _engine(10**6, cap=4)
+    # A slow clock: the prefill forward lasts seconds, a window wide enough to look into.
+    engine.config = dataclasses.replace(engine.config, speed=1e-3)
+    for i in range(3):
+        engine._start(_request(i, 10, 1000))
+    engine.waiting.append(_request(9, 10, 1000))
+    engine.waiting_tokens += 10
+    engine._admit()
+    assert len(engine.running) == 4 and engine.snapshot().running == 3
+    assert engine.snapshot().queued == 0  # taken off the queue: it is being prefilled
+    engine._prefilling = (engine._prefilling[0], time.monotonic())  # the forward has run
+    assert engine.snapshot().running == 4

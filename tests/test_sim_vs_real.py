@@ -60,6 +60,10 @@ def launch_argv(capture: str) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+# One xdist worker runs this module, so its module fixture starts once (make test).
+pytestmark = pytest.mark.xdist_group("sim-replay")
+
+
 @pytest.fixture(scope="module", params=CAPTURES)
 def replay(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[str, Sim]]:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from producer.enqueue import PARALLEL_PUTS, BatchWriter, EnqueueReport, stage
-from producer.readers import read_rows
+from producer.readers import PROBE_ROWS, read_rows
 from workers.dataset.jobs import PromptRow, input_key, load_batch_input
 from workers.dataset.store import LocalStore
 from workers.errors import InputError, StoreError
@@ -135,14 +135,31 @@ def test_a_failed_last_write_is_raised_when_staging_ends(tmp_path):
     assert not _writer_threads()
 
 
+def _with_bad_line(path: Path, good: int) -> Path:
+    """``good`` valid rows, then a line that is not JSON (line ``good + 1``)."""
+    path.write_bytes(b"".join(orjson.dumps({"prompt": f"q{i}"}) + b"\n" for i in range(good))
+                     + b'{"prompt": broken\n')
+    return path
+
+
 def test_bad_json_mid_file_stops_staging_after_the_queued_writes(tmp_path):
-    src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(orjson.dumps({"prompt": f"q{i}"}) + b"\n" for i in range(25))
-                    + b'{"prompt": broken\n')
+    # Past the reader's probe (its first PROBE_ROWS rows are read before any is staged), the
+    # batches already queued are written, nothing after the bad line, and no thread is left.
+    good = PROBE_ROWS + 25
+    src = _with_bad_line(tmp_path / "in.jsonl", good)
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(InputError, match=rf"in\.jsonl:{good + 1}: not valid JSON"):
+        _stage(store, read_rows(src), batch_size=10)
+    assert sorted(store.list("jobs/j/inputs/")) == [input_key("j", b) for b in range(good // 10)]
+    assert not _writer_threads()
+
+
+def test_bad_json_within_the_probe_stages_nothing(tmp_path):
+    src = _with_bad_line(tmp_path / "in.jsonl", 25)
     store = LocalStore(tmp_path / "store")
     with pytest.raises(InputError, match=r"in\.jsonl:26: not valid JSON"):
         _stage(store, read_rows(src), batch_size=10)
-    assert sorted(store.list("jobs/j/inputs/")) == [input_key("j", 0), input_key("j", 1)]
+    assert not list(store.list("jobs/j/inputs/"))
     assert not _writer_threads()
 
 

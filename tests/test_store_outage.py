@@ -14,8 +14,6 @@ from tests.tcpproxy import TcpProxy
 from workers.dataset.store import store_policy
 from workers.retry import RetryPolicy, backoff_s
 
-pytest_plugins = ["tests.s3fixture"]
-
 
 def test_retry_budget_outlasts_a_30_second_outage():
     policy = store_policy(Settings())

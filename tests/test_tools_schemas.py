@@ -26,6 +26,10 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"},
           "required": ["name", "age", "tags"]}
 
 
+# One xdist worker runs this module, so its module fixture starts once (make test).
+pytestmark = pytest.mark.xdist_group("sim-tools")
+
+
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sim, Sim]]:
     """Two fast simulators: one with a tool-call parser, one without."""

@@ -11,7 +11,7 @@ import json
 
 from config.launch_profile import load_profile
 from tests.conftest import ROOT, run_producer, run_tune, wait_done, write_prompts
-from workers.heartbeat import read_heartbeats
+from workers.node.heartbeat import read_heartbeats
 from workers.tune import snapshot
 from workers.tune.apply import is_better, run_trial
 from workers.tune.auto import base_name, next_profile

@@ -5,6 +5,7 @@
 # network; nothing is installed into this machine's Python.
 #
 #   tools/sglang_site.sh 0.5.23 .gpu23        # kit folder; its cache is .gpu23-cache
+#   tools/sglang_site.sh 0.5.17 .gpu17        # the newest release on the machine's torch 2.11
 #
 # The kit folder gets payload/site.tar.xz (this release) and, copied from BASE_KIT (default
 # .gpu, the folder `tools/gpu_machine_check.sh build` makes), the rest a GPU check needs there:
@@ -42,6 +43,25 @@ case "$VERSION" in
     KERNEL=0.4.10
     PKGS="transformers==5.19.0 xgrammar==0.2.7 apache-tvm-ffi==0.1.11 flashinfer-python==0.7.2
           openai==2.8.0 compressed-tensors==0.18.0
+          fastapi==0.128.0 starlette==0.50.0 pydantic==2.14.4 pydantic-core==2.50.5
+          annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
+          uvicorn==0.54.0 python-multipart==0.0.34 partial-json-parser==0.2.1.1.post7
+          distro==1.9.0 sniffio==1.3.1 jiter==0.19.0 ipython==9.18.1 traitlets==5.16.1
+          dill==0.4.1 loguru==0.7.3 gguf==0.19.0 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
+          jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
+          rpds-py==2026.9.1 msgspec==0.23.0 setproctitle==1.3.8 orjson==3.13.0
+          pybase64==1.5.1 pyzmq==27.3.0" ;;
+  0.5.17)
+    # Its METADATA pins: transformers 5.12.1, xgrammar 0.2.1, apache-tvm-ffi 0.1.11,
+    # flashinfer-python 0.6.15.post1, openai 2.6.1; torch 2.11.0 is the machine's own.
+    # transformers 5.12.1 refuses the machine's tokenizers 0.23.2 (<= 0.23.0), and the MTP
+    # worker imports layers/attention/dsa_backend.py, which imports deep_gemm unguarded
+    # (run with SGLANG_ENABLE_JIT_DEEPGEMM=0). On 2026-12-02 these two travelled as a separate
+    # payload/extra.tar.xz that tools/gpu_configs_machine.sh unpacks into the site.
+    KERNEL=0.4.5
+    PKGS="transformers==5.12.1 tokenizers==0.22.2 sgl-deep-gemm==0.1.5.post1
+          xgrammar==0.2.1 apache-tvm-ffi==0.1.11
+          flashinfer-python==0.6.15.post1 openai==2.6.1 compressed-tensors==0.18.0
           fastapi==0.128.0 starlette==0.50.0 pydantic==2.14.4 pydantic-core==2.50.5
           annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
           uvicorn==0.54.0 python-multipart==0.0.34 partial-json-parser==0.2.1.1.post7

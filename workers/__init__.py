@@ -18,11 +18,13 @@ def get_app() -> Celery:
     """The fleet's Celery app (built once per process)."""
     global _app
     if _app is None:
-        from workers.celery_app import make_app
-        from workers.signals import EngineStep
+        from workers.wiring.celery_app import make_app
+        from workers.wiring.hold_step import HoldStep
+        from workers.wiring.signals import EngineStep
 
         _app = make_app()
         _app.steps["worker"].add(EngineStep)
+        _app.steps["consumer"].add(HoldStep)
     return _app
 
 

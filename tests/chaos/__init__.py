@@ -5,6 +5,7 @@
 - :mod:`tests.chaos.faults`: what goes wrong (kills, freezes, outages, lost Redis state);
 - :mod:`tests.chaos.actions`: what an operator does (``python -m producer`` commands);
 - :mod:`tests.chaos.invariants`: what must hold once the schedule settled and the remedy ran;
-- :mod:`tests.chaos.schedule`: the model (a seed -> a list of timed steps) and the runner;
+- :mod:`tests.chaos.schedule`: the model (a seed -> a list of timed steps);
+  :mod:`tests.chaos.runner` plays one;
 - :mod:`tests.chaos.soak`: ``make soak``, many schedules for a while, with a summary.
 """

@@ -1,40 +1,23 @@
-"""The schedule model (a seed -> timed faults and operator actions) and the runner.
+"""The schedule model: a seed -> timed faults and operator actions (the runner that plays
+one is tests/chaos/runner.py).
 
 A seed drives one ``random.Random``: it picks the store (local folder or S3 through the proxy)
 and a list of steps, each at a time after the job started. Lasting faults come as two steps
 (freeze/thaw, block/unblock, store down/up); a pause is usually followed by a resume; cancel
 hits only the side job. The steps are data, so a failing schedule prints them and its seed
 replays the same schedule (the interleaving with the fleet's own timing is not replayed).
-
-The runner starts a :class:`~tests.chaos.cluster.Cluster`, enqueues a main and a side job,
-plays the steps while a supervisor thread restarts dead workers, then settles (thaw, store
-back), runs the documented remedy (``resume`` a paused or cancelled job, then ``enqueue`` the
-same file again, wait until done) and checks :mod:`tests.chaos.invariants`.
 """
 
 from __future__ import annotations
 
 import random
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
-import redis
+from tests.chaos import faults
 
-from tests.chaos import actions, faults, invariants
-from tests.chaos.cluster import Cluster
-from tests.conftest import run_producer, write_prompts
-
-if TYPE_CHECKING:
-    from tests.s3fixture import MotoServer
-
-REPLAY = "FLEET_SCHEDULE_SEED={seed} .venv/bin/python -m pytest tests/test_schedule.py -k replay"
 MAIN, SIDE = "main", "side"
-SIDE_SAMPLES = 3
 # A prompt longer than the engine's context: rejected, stored as a failed row (for
 # requeue-failed and the failed counters).
 TOO_LONG = "x" * 40000
@@ -61,6 +44,8 @@ class Shape:
     # wait (FLEET_ENGINE_WAIT_S) plus the lease plus margin.
     stall_s: float = 45.0
     manifest_wait_s: float = 30.0
+    # Requests in flight per batch (FLEET_CLIENT_CONCURRENCY); None: the engine's cap derives it.
+    client_concurrency: int | None = None
 
     def n_batches(self) -> dict[str, int]:
         """Batches of each job."""
@@ -79,7 +64,20 @@ class Shape:
             "FLEET_SIM_SPEED": str(self.sim_speed),
             "FLEET_SIM_MEAN_OUTPUT_TOKENS": str(self.mean_output_tokens),
             "FLEET_METRICS_ENABLED": "false",
-        }
+        } | ({"FLEET_CLIENT_CONCURRENCY": str(self.client_concurrency)}
+             if self.client_concurrency else {})
+
+
+# Few large batches sent a few rows at a time: when the queue runs dry, batches still hold
+# unsent rows, so idle GPUs split them (workers/delivery/split.py) while the faults and the
+# operator's actions go on. Every third seed of ``make_schedule`` draws this shape.
+SPLITTING = Shape(prompts=120, batch_size=40, side_prompts=24, client_concurrency=6,
+                  window_s=12.0)
+
+
+def shape_for(seed: int) -> Shape:
+    """The shape a seed draws when none is given."""
+    return SPLITTING if seed % 3 == 2 else Shape()
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,10 @@ class Schedule:
 
     def describe(self) -> str:
         """The schedule as lines a person can read."""
-        head = f"schedule seed={self.seed} store={self.store} gpus={self.shape.gpus}"
+        head = (f"schedule seed={self.seed} store={self.store} gpus={self.shape.gpus} "
+                f"batches of {self.shape.batch_size}"
+                + (f", {self.shape.client_concurrency} in flight per batch"
+                   if self.shape.client_concurrency else ""))
         return "\n".join([head, *(f"  {s}" for s in self.steps)])
 
 
@@ -229,7 +230,7 @@ CATALOGUE: dict[str, tuple[float, Maker]] = {
 
 def make_schedule(seed: int, shape: Shape | None = None) -> Schedule:
     """The schedule of ``seed`` (pure: the same seed gives the same schedule)."""
-    shape = shape or Shape()
+    shape = shape or shape_for(seed)
     rng = random.Random(seed)
     draft = _Draft(shape=shape, store=rng.choice(["local", "s3"]))
     kinds = list(CATALOGUE)
@@ -239,267 +240,3 @@ def make_schedule(seed: int, shape: Shape | None = None) -> Schedule:
         CATALOGUE[kind][1](rng, rng.uniform(1.0, shape.window_s), draft)
     steps = sorted(draft.steps, key=lambda s: s.at_s)
     return Schedule(seed=seed, store=draft.store, shape=shape, steps=steps)
-
-
-# --- the runner --------------------------------------------------------------------------
-@dataclass
-class Outcome:
-    """What one schedule did and found."""
-
-    schedule: Schedule
-    log: list[str] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
-    prompts: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """No invariant was violated."""
-        return not self.violations
-
-    @property
-    def faults(self) -> int:
-        """Fault steps in the schedule."""
-        return sum(s.is_fault for s in self.schedule.steps)
-
-    @property
-    def actions(self) -> int:
-        """Operator actions in the schedule."""
-        return sum(not s.is_fault for s in self.schedule.steps)
-
-    def replay(self) -> str:
-        """The command that replays this schedule."""
-        return REPLAY.format(seed=self.schedule.seed)
-
-    def report(self) -> str:
-        """Schedule, what each step did, violations and the replay command."""
-        lines = [self.schedule.describe(), "what happened:", *(f"  {x}" for x in self.log)]
-        if self.violations:
-            lines += ["VIOLATIONS:", *(f"  {v}" for v in self.violations),
-                      f"replay: {self.replay()}"]
-        return "\n".join(lines)
-
-
-class Supervisor(threading.Thread):
-    """Restarts dead workers every few tenths of a second while the schedule runs, and logs
-    when each job first has every batch done."""
-
-    def __init__(self, cluster: Cluster, lock: threading.Lock, log: list[str], t0: float,
-                 n_batches: dict[str, int]) -> None:
-        super().__init__(name="chaos-supervisor", daemon=True)
-        self.cluster, self.lock, self.log, self.t0 = cluster, lock, log, t0
-        self.waiting = dict(n_batches)
-        self.stopped = threading.Event()
-
-    def say(self, what: str) -> None:
-        """Log ``what`` with the time since the job started."""
-        self.log.append(f"t+{time.monotonic() - self.t0:5.1f}s {what}")
-
-    def _watch_jobs(self) -> None:
-        client = self.cluster.client()
-        try:
-            for job, n in list(self.waiting.items()):
-                if client.scard(f"fleet:job:{job}:done") >= n:
-                    del self.waiting[job]
-                    self.say(f"{job}: every batch marked done")
-        except redis.RedisError:
-            pass  # Redis restarting: look again next round
-        finally:
-            client.close()
-
-    def run(self) -> None:
-        """Supervise until stopped."""
-        while not self.stopped.wait(0.3):
-            with self.lock:
-                for gpu in self.cluster.supervise():
-                    self.say(f"supervisor restarted worker gpu{gpu}")
-            self._watch_jobs()
-
-
-def _inputs(root: Path, shape: Shape) -> dict[str, Path]:
-    main = write_prompts(root / "main.jsonl", shape.prompts)
-    with main.open("ab") as fh:
-        for k in range(shape.too_long):
-            fh.write(orjson.dumps({"id": f"long{k}", "prompt": TOO_LONG}) + b"\n")
-    side = root / "side.jsonl"  # N samples per prompt, with a kept column (issue 27)
-    with side.open("wb") as fh:
-        for i in range(shape.side_prompts):
-            fh.write(orjson.dumps({"id": f"s{i}", "prompt": f"Side question {i}: why?",
-                                   "ref": i}) + b"\n")
-    return {MAIN: main, SIDE: side}
-
-
-# The side job asks for several samples per prompt and keeps an input column: every fault and
-# the remedy (a plain re-run of enqueue, which reads the job's recorded options) apply to it.
-JOB_FLAGS = {SIDE: ["--samples", str(SIDE_SAMPLES), "--temperature", "0.7",
-                    "--keep-columns", "ref"]}
-
-
-def _do(step: Step, cluster: Cluster, inputs: dict[str, Path]) -> str:
-    if step.is_fault:
-        return faults.FAULTS[step.kind](cluster, **step.args)
-    return actions.ACTIONS[step.kind](cluster, inputs, **step.args)
-
-
-def _play(schedule: Schedule, cluster: Cluster, inputs: dict[str, Path], out: Outcome,
-          lock: threading.Lock, t0: float) -> None:
-    for step in schedule.steps:
-        time.sleep(max(0.0, t0 + step.at_s - time.monotonic()))
-        with lock:
-            try:
-                said = _do(step, cluster, inputs)
-            except Exception as exc:  # the harness must not stop on a step that could not act
-                said = f"step raised {type(exc).__name__}: {exc}"
-        out.log.append(f"t+{time.monotonic() - t0:5.1f}s {step.kind}: {said}")
-
-
-def _job_state(cluster: Cluster, job: str) -> str:
-    res = run_producer(cluster.env, "jobs", "--json")
-    rows = orjson.loads(res.stdout) if res.returncode == 0 else []
-    return next((x["state"] for x in rows if x["job"] == job), "unknown")
-
-
-def _remedy(cluster: Cluster, inputs: dict[str, Path], out: Outcome) -> list[str]:
-    """Resume what is paused or cancelled, enqueue every job again, wait until done; return
-    the jobs that did not finish."""
-    unfinished, n_batches = [], out.schedule.shape.n_batches()
-    for job, path in inputs.items():
-        state = _job_state(cluster, job)
-        stuck = invariants.stranded(cluster, job, n_batches[job])
-        if stuck:
-            out.log.append(f"before the remedy: {job} ({state}) batches not stored with no "
-                           f"message and no live holder: {stuck}")
-        if state in ("paused", "cancelled"):
-            out.log.append(f"remedy: {job} was {state}: {actions.resume(cluster, inputs, job)}")
-        res = run_producer(cluster.env, "enqueue", str(path), "--job", job, timeout_s=120)
-        out.log.append(f"remedy: enqueue {job} rc={res.returncode}: "
-                       f"{res.stderr.strip().splitlines()[-1:]}")
-    for job in _wait_all_done(cluster, list(inputs), out.schedule.shape, out):
-        unfinished.append(job)
-        stuck = invariants.stranded(cluster, job, n_batches[job])
-        if stuck:
-            out.violations.append(f"{job}: batches not stored with no message and no live "
-                                  f"holder: {stuck}")
-    return unfinished
-
-
-def _status(cluster: Cluster, job: str) -> dict[str, Any] | None:
-    """``status --json`` of ``job``; None if the command failed."""
-    res = run_producer(cluster.env, "status", "--job", job, "--json")
-    return orjson.loads(res.stdout) if res.returncode == 0 else None
-
-
-def _progress(cluster: Cluster, job: str) -> tuple[Any, ...] | None:
-    """(done, completed, failed, done_batches) from ``status --json``; None if it failed."""
-    st = _status(cluster, job)
-    if st is None:
-        return None
-    return st["done"], st["completed"], st["failed"], st["done_batches"]
-
-
-def _wait_all_done(cluster: Cluster, jobs: list[str], shape: Shape, out: Outcome) -> list[str]:
-    """Poll until every job is done; a job whose counters stand still for ``stall_s`` (or that
-    is not done after ``done_timeout_s``) is given up on. Returns the jobs not done."""
-    start = time.monotonic()
-    last: dict[str, tuple[Any, ...] | None] = dict.fromkeys(jobs)
-    moved = dict.fromkeys(jobs, start)
-    waiting = list(jobs)
-    while waiting:
-        now = time.monotonic()
-        for job in list(waiting):
-            seen = _progress(cluster, job)
-            if seen is not None and seen[0]:
-                waiting.remove(job)
-                continue
-            if seen != last[job]:
-                last[job], moved[job] = seen, now
-            if now - moved[job] > shape.stall_s or now - start > shape.done_timeout_s:
-                waiting.remove(job)
-                out.violations.append(
-                    f"{job}: not done after the remedy: no progress for {now - moved[job]:.0f} s"
-                    f" ({now - start:.0f} s in all); last status (done, completed, failed, "
-                    f"done_batches) = {seen}")
-        time.sleep(1.0)
-    return [j for j in jobs if any(v.startswith(f"{j}: not done") for v in out.violations)]
-
-
-def _quiesce(cluster: Cluster, jobs: list[str], timeout_s: float = 30.0) -> None:
-    """Wait until ``status`` shows no batch of ``jobs`` in flight (late runs have finished)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        busy = [j for j in jobs if (st := _status(cluster, j)) is None
-                or st.get("in_flight_batches")]
-        if not busy:
-            return
-        time.sleep(0.5)
-
-
-def _check(cluster: Cluster, schedule: Schedule, inputs: dict[str, Path], out: Outcome,
-           unfinished: list[str]) -> None:
-    store, n_batches = cluster.store(), schedule.shape.n_batches()
-    for job in inputs:
-        viol, report = invariants.check_verify(cluster, job)
-        out.violations += viol
-        out.prompts += int(report.get("expected", 0))
-        out.lost += int(report.get("missing", 0))
-        out.duplicated += int(report.get("duplicates", 0))
-        rows = invariants.stored_rows(store, job)
-        out.violations += invariants.check_counters(cluster, job, rows, n_batches[job])
-        if job in JOB_FLAGS:  # the kept column rides with every sample
-            wrong = sorted({x["index"] for b in rows.values() for x in b
-                            if (x.get("keep") or {}).get("ref") != x["index"]})
-            if wrong:
-                out.violations.append(f"{job}: rows without their kept 'ref': {wrong[:5]}")
-        if job in unfinished:
-            continue
-        stuck = invariants.stranded(cluster, job, n_batches[job])
-        if stuck:
-            out.violations.append(f"{job}: done, yet batches not stored with no message and "
-                                  f"no live holder: {stuck}")
-        if not viol:
-            out.violations += invariants.check_manifest(cluster, job, rows,
-                                                        schedule.shape.manifest_wait_s)
-
-
-def run_schedule(schedule: Schedule, base_env: dict[str, str], root: Path,
-                 moto: MotoServer | None) -> Outcome:
-    """Run ``schedule`` on a fresh cluster under ``root``; see the module docstring."""
-    started = time.monotonic()
-    out = Outcome(schedule)
-    shape = schedule.shape
-    cluster = Cluster.start(root, base_env, list(range(shape.gpus)),
-                            moto if schedule.store == "s3" else None, shape.worker_env())
-    lock = threading.Lock()
-    supervisor = None
-    try:
-        inputs = _inputs(root, shape)
-        for job, path in inputs.items():
-            res = run_producer(cluster.env, "enqueue", str(path), "--job", job, "--batch-size",
-                               str(shape.batch_size), *JOB_FLAGS.get(job, []))
-            assert res.returncode == 0, res.stderr
-        t0 = time.monotonic()  # the main job's batches were sent when its enqueue ended
-        supervisor = Supervisor(cluster, lock, out.log, t0, shape.n_batches())
-        supervisor.start()
-        _play(schedule, cluster, inputs, out, lock, t0)
-        with lock:
-            cluster.heal()
-        time.sleep(shape.settle_s)
-        supervisor.say("schedule over, faults healed: remedy")
-        unfinished = _remedy(cluster, inputs, out)
-        _quiesce(cluster, list(inputs))
-        supervisor.say("remedy over: checks")
-        _check(cluster, schedule, inputs, out, unfinished)
-        supervisor.stopped.set()
-        supervisor.join()
-        with lock:
-            cluster.stop_workers()
-        supervisor.say("workers stopped: orphan check")
-        out.violations += invariants.check_orphans(cluster, wait_s=10.0)
-    finally:
-        if supervisor is not None:
-            supervisor.stopped.set()
-        cluster.teardown()
-        out.seconds = time.monotonic() - started
-    return out

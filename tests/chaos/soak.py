@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.schedule import Outcome
+from tests.chaos.runner import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +37,8 @@ def summary(outcomes: Iterable[Outcome], minutes: float) -> str:
         "  by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
         f"  prompts: {sum(o.prompts for o in outcomes)}   lost: "
         f"{sum(o.lost for o in outcomes)}   duplicated: {sum(o.duplicated for o in outcomes)}",
+        f"  batches split at the job's end: {sum(o.splits for o in outcomes)} parts in "
+        f"{sum(o.splits > 0 for o in outcomes)} schedules",
         f"  failing schedules: {len(failed)}",
     ]
     for o in failed:
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["FLEET_SOAK_FIRST_SEED"] = str(first)
     print(f"soak: {args.minutes:g} minutes from seed {first}", flush=True)
     os.chdir(ROOT)
-    return int(pytest.main(["tests/test_schedule.py::test_soak", "-s", "-q",
+    return int(pytest.main(["tests/test_schedule.py::test_soak", "-m", "soak", "-s", "-q",
                             "-p", "no:cacheprovider"]))
 
 

@@ -80,6 +80,9 @@ class JobSpec(BaseModel):
     keep_schema: str | None = None
     # --keep-columns as given ("a,b" or "*"): a re-run of enqueue without it reads the same.
     keep_arg: str | None = None
+    # --quality KEY=VALUE: the job's quality thresholds (workers/dataset/quality_gates.py;
+    # the defaults apply to every key not given).
+    quality: dict[str, float] = Field(default_factory=dict)
 
     @property
     def expected_samples(self) -> int:

@@ -51,6 +51,10 @@ SCHEMA = pa.schema([
     pa.field("completion", pa.string()),
     pa.field("reasoning", pa.string()),
     pa.field("tool_calls", pa.string()),
+    # The engine's sampled token ids: /generate's ``output_ids``; the chat choice's
+    # ``token_ids`` / ``response_token_ids`` (SGLang 0.5.17 / 0.5.18 on, return_token_ids);
+    # null where the engine returned none (chat on 0.5.10.post1-0.5.16). docs/output.md.
+    pa.field("output_ids", pa.list_(pa.int32())),
     pa.field("finish_reason", pa.string()),
     pa.field("status", pa.string()),
     pa.field("error", pa.string()),
@@ -231,7 +235,9 @@ def build_manifest(spec: JobSpec, version: str, shards: list[ShardInfo], tally: 
             "prompt_tokens": tally.prompt_tokens, "completion_tokens": tally.completion_tokens,
         },
         "counts": tally.counts,
-        "verify": verify,
+        "verify": {k: v for k, v in verify.items() if k != "quality"},
+        # Figures of the rows written, the gates and which failed (workers/dataset/quality.py).
+        "quality": verify.get("quality"),
         "store": location,
     }
 
@@ -262,8 +268,8 @@ def committed_prefix(store: Store, job: str, allow_incomplete: bool = False) -> 
     try:
         raw = store.get(manifest_key(job))
     except ObjectMissing as exc:
-        raise JobError(f"job {job!r} has no data set yet; run: python -m producer sink "
-                       f"--job {job} --wait (or --local)") from exc
+        raise JobError(f"job {job!r} has no data set yet; run: fleet sink --job {job} "
+                       "--local (a GPU worker's sink queue builds it when the job ends)") from exc
     manifest = orjson.loads(raw)
     if "data_prefix" not in manifest:
         raise JobError(f"the data set of job {job!r} has the old layout; run the sink again")

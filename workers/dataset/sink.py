@@ -1,12 +1,12 @@
 """The sink: aggregate a job's per-batch results into a new version of its Parquet data set.
 
-Run it with ``celery -A workers worker -Q sink`` (task ``fleet.sink_job``,
-:mod:`workers.sink_task`), or in-process with ``python -m producer sink --job NAME --local``;
-both hold the job's data-set lock
-(:mod:`workers.dataset.sink_lock`) for the whole run. Batches are read in order; rows go into
-a shard
-sorted by index; a shard is cut at the first batch boundary where its file reaches
-``shard_target_bytes`` or it holds ``shard_rows`` rows, so a batch is in exactly one shard.
+It runs as the task ``fleet.sink_job`` (:mod:`workers.wiring.sink_task`) on a GPU worker's
+``sink`` queue when a job's last batch is stored (no separate sink worker is needed), or
+in-process with ``fleet sink --job NAME --local`` (the same run, state and retries); both hold
+the job's data-set lock (:mod:`workers.dataset.sink_lock`) for the whole run. Batches are
+read in order; rows go into a shard sorted by index; a shard is cut at the first batch
+boundary where its file reaches ``shard_target_bytes`` or it holds ``shard_rows`` rows, so a
+batch is in exactly one shard.
 
 The commit protocol (layout in workers/dataset/manifest.py):
 
@@ -60,6 +60,8 @@ from workers.dataset.manifest import (
     to_record,
     version_prefix,
 )
+from workers.dataset.quality_gates import summary
+from workers.dataset.quality_table import add_table
 from workers.dataset.sink_lock import LockLost, SinkLock
 from workers.dataset.store import ObjectMissing, RetryingStore, Store
 from workers.dataset.verify import (
@@ -95,8 +97,9 @@ class ShardLimits:
 class ShardWriter:
     """One shard in a local file: buffered batches become row groups, in index order."""
 
-    def __init__(self, path: Path, schema: pa.Schema = SCHEMA) -> None:
-        self.path, self.schema = path, schema
+    def __init__(self, path: Path, schema: pa.Schema = SCHEMA,
+                 on_table: Callable[[pa.Table], None] | None = None) -> None:
+        self.path, self.schema, self._on_table = path, schema, on_table
         self._kept = [f for f in schema if f.name not in SCHEMA.names]
         self._file = pa.OSFile(str(path), "wb")
         self._writer = pq.ParquetWriter(self._file, schema, compression="zstd",
@@ -127,6 +130,8 @@ class ShardWriter:
         """Write the buffered rows as one row group."""
         if self._buf:
             table = pa.Table.from_pylist(self._buf, schema=SCHEMA)
+            if self._on_table is not None:  # the quality of the rows, measured on the table
+                self._on_table(table)
             for f in self._kept:  # kept input columns, cast to the types recorded at enqueue
                 values = [(r["keep"] or {}).get(f.name) for r in self._buf]
                 table = table.append_column(f, kept_array(f, values))
@@ -167,14 +172,18 @@ def write_shards(store: Store, spec: JobSpec, limits: ShardLimits, tmp: Path, ve
     """Write every stored batch into shards under ``version``; return the shard entries and
     the check of exactly the rows written (duplicates and misplaced rows are left out)."""
     shards: list[ShardInfo] = []
-    check, cur = RowCheck(spec), None
+    check, cur = RowCheck(spec, defer_quality=True), None
     schema = job_schema(spec)
+
+    def measure(table: pa.Table) -> None:
+        add_table(check.quality, table)
+
     for batch, raw, stored, ids, samples in iter_batches(store, spec):
         check.samples = samples
         rows = [row for row in stored if check.accept(batch, row, ids)]
         if not rows:
             continue
-        cur = cur or ShardWriter(tmp / shard_name(len(shards)), schema)
+        cur = cur or ShardWriter(tmp / shard_name(len(shards)), schema, measure)
         cur.add(batch, rows, len(raw))
         if cur.buffered_bytes >= limits.row_group_bytes:
             cur.flush()
@@ -303,11 +312,13 @@ def aggregate(store: Store, job: str, limits: ShardLimits,
     else:
         _commit(store, job, manifest, lock, on_step)
     _drop_other_versions(store, job, manifest["data_prefix"], lock, on_step)
-    log.info("sink %s: %d rows in %d shards (version %s), complete=%s", job,
-             manifest["totals"]["rows"], len(shards), manifest["version"], manifest["complete"])
+    log.info("sink %s: %d rows in %d shards (version %s), complete=%s, %s", job,
+             manifest["totals"]["rows"], len(shards), manifest["version"], manifest["complete"],
+             summary((manifest.get("quality") or {}).get("failed", [])))
     return {"job": job, "complete": manifest["complete"], "manifest": manifest_key(job),
             "version": manifest["version"], "data_prefix": manifest["data_prefix"],
             "shards": len(shards), "rows": manifest["totals"]["rows"],
             "bytes": manifest["totals"]["bytes"], "counts": manifest["counts"],
             "missing": report["missing"], "duplicates": report["duplicates"],
-            "misplaced": report["misplaced"]}
+            "misplaced": report["misplaced"],
+            "quality_failed": (manifest.get("quality") or {}).get("gates_failed", [])}

@@ -31,6 +31,8 @@ from workers.dataset.jobs import (
     results_prefix,
 )
 from workers.dataset.manifest import Tally
+from workers.dataset.quality import QualityTally, job_options
+from workers.dataset.quality_gates import evaluate, thresholds
 from workers.dataset.samples import row_samples, row_unit
 from workers.dataset.store import ObjectMissing, Store
 
@@ -56,6 +58,15 @@ class RowCheck:
     examples: list[str] = field(default_factory=list)
     # The samples of each index of the batch being checked (None: the job's for every row).
     samples: StagedSamples = None
+    # Quality thresholds overriding the job's (verify --quality); the measurement itself.
+    quality_override: dict[str, float] | None = None
+    # The sink measures quality over the tables it writes (quality.add_table), not here.
+    defer_quality: bool = False
+    quality: QualityTally = field(init=False)
+
+    def __post_init__(self) -> None:
+        limits = thresholds(self.spec.quality, self.quality_override)
+        self.quality = QualityTally(job_options(self.spec, int(limits["near_empty_tokens"])))
 
     def _problem(self, what: str) -> None:
         if len(self.examples) < 10:
@@ -91,6 +102,8 @@ class RowCheck:
             return False
         self._seen.add((idx, sample))
         self.tally.add(row)
+        if not self.defer_quality:
+            self.quality.add(row)
         return True
 
     def report(self) -> dict[str, Any]:
@@ -109,7 +122,16 @@ class RowCheck:
             "problems": list(self.examples),
             "ok": (missing == 0 and self.duplicates == 0 and self.misplaced == 0
                    and self.out_of_range == 0),
+            "quality": self.quality_report(),
         }
+
+    def quality_report(self) -> dict[str, Any]:
+        """The quality figures, the thresholds in force and the gates that fail."""
+        limits = thresholds(self.spec.quality, self.quality_override)
+        measured = self.quality.report()
+        failed = evaluate(measured, limits)
+        return {**measured, "thresholds": limits, "failed": failed,
+                "gates_failed": [g["gate"] for g in failed], "ok": not failed}
 
 
 def prefetched(fn: Callable[[T], U], items: Iterable[T], window: int = PREFETCH) -> Iterator[U]:
@@ -174,9 +196,11 @@ def iter_batches(store: Store, spec: JobSpec) -> Iterator[StoredBatch]:
                           stored_batches(store, spec.name))
 
 
-def verify_job(store: Store, spec: JobSpec) -> dict[str, Any]:
-    """Check every stored batch result against the job; see the module docstring."""
-    check = RowCheck(spec)
+def verify_job(store: Store, spec: JobSpec,
+               quality: dict[str, float] | None = None) -> dict[str, Any]:
+    """Check every stored batch result against the job; see the module docstring.
+    ``quality`` overrides the job's quality thresholds (verify --quality)."""
+    check = RowCheck(spec, quality_override=quality)
     for stored in iter_batches(store, spec):
         check.samples = stored.samples
         for row in stored.rows:

@@ -1,7 +1,7 @@
 """One in-flight budget per GPU, shared by the batches on it, oldest batch first.
 
 "GPU" here is the worker's engine: one GPU, or a GPU group served by one tensor-parallel
-engine (workers/gpu_group.py). The budget is per worker either way (the node's hash below),
+engine (workers/node/gpu_group.py). The budget is per worker either way (the node's hash below),
 and its cap is that engine's effective cap (summed over DP ranks, workers/engine/client.py).
 
 Two batches on one GPU that each keep the engine's cap in flight start together, drain
@@ -43,6 +43,13 @@ class Claim:
     at: float
     # Isolating suspects of a crash: the batch needs the engine to itself.
     exclusive: bool = False
+    # The GPU's in-flight budget as this batch sees it (0: not published).
+    budget: int = 0
+
+    @property
+    def unsent(self) -> int:
+        """Prompts of this batch not finished and not in flight: what it still has to send."""
+        return max(self.claim - self.in_flight, 0)
 
     @property
     def rank(self) -> tuple[float, str]:
@@ -53,7 +60,7 @@ class Claim:
         """The hash field's value."""
         return orjson.dumps({"started": self.started, "claim": self.claim,
                              "in_flight": self.in_flight, "at": self.at,
-                             "exclusive": self.exclusive})
+                             "exclusive": self.exclusive, "budget": self.budget})
 
     @classmethod
     def decode(cls, tag: str, raw: bytes) -> Claim | None:
@@ -61,7 +68,8 @@ class Claim:
         try:
             d = orjson.loads(raw)
             return cls(tag, float(d["started"]), int(d["claim"]), int(d["in_flight"]),
-                       float(d["at"]), bool(d.get("exclusive", False)))
+                       float(d["at"]), bool(d.get("exclusive", False)),
+                       int(d.get("budget", 0)))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
 
@@ -114,7 +122,7 @@ class GpuShare:
     async def exchange(self, claim: int, in_flight: int, budget: int) -> int:
         """Publish this batch's claim and return how many requests it may have in flight."""
         now = time.time()
-        mine = Claim(self.tag, self.started, claim, in_flight, now, self.exclusive)
+        mine = Claim(self.tag, self.started, claim, in_flight, now, self.exclusive, budget)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(self.key, self.tag, mine.encode())
             pipe.expire(self.key, KEY_TTL_S)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from workers.dataset.jobs import JobSpec, job_key
+from workers.dataset.location import recorded_store
 from workers.dataset.store import Store
 from workers.delivery import jobstate, whereabouts
 
@@ -31,9 +33,12 @@ class Janitor(threading.Thread):
     """Background thread of a GPU worker's main process (see the module docstring)."""
 
     def __init__(self, app: Any, store: Store, client: redis.Redis, node: str,
-                 interval_s: float, unacked_key: str = "unacked") -> None:
+                 interval_s: float, unacked_key: str = "unacked",
+                 open_url: Callable[[str], Store] | None = None) -> None:
         super().__init__(name="fleet-janitor", daemon=True)
         self._app, self._store, self._r, self._node = app, store, client, node
+        # A job's own store (workers/dataset/location.py); without it, the worker's store.
+        self._open_url = open_url
         self._interval, self._unacked = interval_s, unacked_key
         self._stop_event = threading.Event()
         self._suspects: dict[str, set[int]] = {}
@@ -51,20 +56,25 @@ class Janitor(threading.Thread):
         """Stop after the current round."""
         self._stop_event.set()
 
+    def _job_store(self, job: str) -> Store:
+        url = recorded_store(self._r, job) if self._open_url else None
+        return self._open_url(url) if self._open_url and url else self._store
+
     def round(self) -> dict[str, list[int]]:
         """Resend what was lost in this round and the last; return it by job."""
         sent: dict[str, list[int]] = {}
         for raw in sorted(self._r.smembers(jobstate.JOBS_KEY)):
             job = raw.decode()
             spec_raw, state = self._r.hmget(jobstate.Keys(job).job, ["spec", "state"])
-            # Only running jobs of this store (a job Redis remembers from another store is not
-            # this fleet's to regenerate).
+            store = self._job_store(job)
+            # Only running jobs whose store holds them (a job Redis remembers from a store that
+            # is gone is not this fleet's to regenerate).
             if spec_raw is None or (state or b"running") != b"running" \
-                    or not self._store.exists(job_key(job)):
+                    or not store.exists(job_key(job)):
                 self._suspects.pop(job, None)
                 continue
             spec = JobSpec.model_validate_json(spec_raw)
-            where = whereabouts.locate(self._store, self._r, job, self._unacked)
+            where = whereabouts.locate(store, self._r, job, self._unacked)
             lost = set(where.lost(range(spec.n_batches)))
             confirmed = sorted(lost & self._suspects.get(job, set()))
             self._suspects[job] = lost - set(confirmed)

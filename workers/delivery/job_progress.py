@@ -21,7 +21,7 @@ from workers.delivery import jobstate
 
 # Every state a job is shown in: the three an operator sets, and the derived one.
 STATES = ("running", "paused", "cancelled", "done")
-# Sink run states (workers/sink_task.py) that mean a new version is being written.
+# Sink run states (workers/wiring/sink_task.py) that mean a new version is being written.
 BUILDING = frozenset({"queued", "running", "retrying"})
 
 
@@ -59,15 +59,36 @@ def dataset_state(sink: dict[bytes, bytes]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def quality_failed(sink: dict[bytes, bytes]) -> list[str] | None:
+    """The quality gates the committed data set failed (workers/dataset/quality_gates.py;
+    None when no sink has committed one)."""
+    if sink.get(b"state", b"").decode() != "done" or b"summary" not in sink:
+        return None
+    return list(orjson.loads(sink[b"summary"]).get("quality_failed") or [])
+
+
+def shown_state(state: str, failed: list[str] | None, warning: list[str] | None = None) -> str:
+    """The state with the data set's quality: ``done, quality: 2 gates failed``, or while it
+    runs the live warning: ``running, quality warning: near_empty``."""
+    if failed is None and warning:
+        return f"{state}, quality warning: {', '.join(warning)}"
+    if not failed:
+        return state
+    from workers.dataset.quality_gates import summary
+
+    return f"{state}, {summary([{'gate': g} for g in failed])}"
+
+
 def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, Any]:
     """The job's progress from Redis: counters, batches, state, time span and data set."""
     now = time.time() if now is None else now
     keys = jobstate.Keys(spec.name)
     pipe = r.pipeline()
-    pipe.hmget(keys.job, ["state", "started_at", "first_taken_at", "last_row_at"])
+    pipe.hmget(keys.job, ["state", "started_at", "first_taken_at", "last_row_at",
+                          *jobstate.SPLIT_FIELDS])
     pipe.scard(keys.done)
     pipe.hgetall(keys.sink)
-    (state_raw, *times), done_batches, sink = pipe.execute()
+    (state_raw, *times, parts, split_rows), done_batches, sink = pipe.execute()
     started_at, first_taken_at, last_row_at = (float(t) if t else None for t in times)
     c = jobstate.counters(r, spec.name)
     finished = c["completed"] + c["failed"] + c["quarantined"]
@@ -77,18 +98,27 @@ def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, A
     end = last_row_at if done and last_row_at else now
     active_from = first_taken_at or started
     dataset, version = dataset_state(sink)
-    return {
+    return {"quality_failed": quality_failed(sink),
         "state": job_state((state_raw or b"running").decode(), done), "done": done,
         "counters": c, "finished": finished, "done_batches": done_batches,
         "started_at": started, "first_taken_at": first_taken_at, "last_row_at": last_row_at,
         "elapsed_s": round(max(end - started, 0.0), 1),
         "active_s": round(max(end - active_from, 0.0), 1) if first_taken_at else 0.0,
         "dataset": dataset, "dataset_version": version,
+        "splits": {"parts": int(parts or 0), "rows": int(split_rows or 0)},
     }
 
 
-def list_jobs(r: redis.Redis) -> list[dict[str, Any]]:
-    """Every job Redis knows, with its state, progress and data set."""
+def list_jobs(r: redis.Redis, early_rows: int | None = None) -> list[dict[str, Any]]:
+    """Every job Redis knows, with its state, progress, data set, the quality gates its
+    committed data set failed and those its live tally breaks (``quality_warning``, once
+    ``early_rows`` rows are in: FLEET_QUALITY_EARLY_ROWS unless given)."""
+    from config.settings import load_settings
+    from workers.delivery.quality_live import read_live
+
+    if early_rows is None:
+        early_rows = load_settings().quality_early_rows
+
     out = []
     for name in sorted(n.decode() for n in r.smembers(jobstate.JOBS_KEY)):
         raw = r.hget(jobstate.Keys(name).job, "spec")
@@ -98,7 +128,11 @@ def list_jobs(r: redis.Redis) -> list[dict[str, Any]]:
         p = read(r, spec)
         c = p["counters"]
         total = spec.expected_samples  # the counters count samples
-        out.append({"job": name, "state": p["state"], "total": total,
+        out.append({"job": name, "state": p["state"],
+                    "quality_failed": p["quality_failed"],
+                    "quality_warning": [g["gate"] for g in
+                                        read_live(r, spec, early_rows)["failed"]],
+                    "total": total,
                     "completed": c["completed"], "failed": c["failed"],
                     "quarantined": c["quarantined"], "done_batches": p["done_batches"],
                     "n_batches": spec.n_batches, "done": p["done"],

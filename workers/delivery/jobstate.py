@@ -9,10 +9,16 @@ from the broker and the owner keys when it matters (workers/delivery/whereabouts
 Keys (``{j}`` = job name)::
 
     fleet:jobs                    set of job names
-    fleet:job:{j}                 hash: spec (JSON), state, store_url, started_at (enqueue),
+    fleet:job:{j}                 hash: spec (JSON), state, store_url, profile and needs (the
+                                  launch profile FLEET_PROFILE named at enqueue and its output
+                                  flags), started_at (enqueue),
                                   first_taken_at (first batch taken), last_row_at (last row
                                   recorded)
     fleet:job:{j}:owner:{b}       the fencing token of the run that owns batch b (expires)
+    fleet:job:{j}:split:{b}       an idle GPU's open request for batch b's unsent rows; then
+    fleet:job:{j}:part:{b}:{p}    the claim on part p of batch b (expires), :partrows:{b}:{p}
+                                  its unit keys, :parts:{b} the part ids
+                                  (workers/delivery/split.py)
     fleet:job:{j}:done            set of batches whose results were stored (a cache of the store)
     fleet:job:{j}:stats           hash: completed, failed, quarantined (disjoint), truncated,
                                   output_tokens
@@ -20,8 +26,10 @@ Keys (``{j}`` = job name)::
     fleet:job:{j}:child_deaths    hash batch -> pool processes that died running it
     fleet:job:{j}:prog:{b}        hash row index -> result row (JSON), progress of batch b
     fleet:job:{j}:series:n|:tok   hash 10-s bucket (and bucket|node) -> rows / output tokens
+    fleet:job:{j}:stalled         hash node -> why it cannot work on the job now (status)
     fleet:node:{node}             hash: rows, output_tokens over the worker's life (all jobs)
     fleet:node:{node}:in_flight   hash batch -> its claim on the GPU (workers/delivery/gpu_share.py)
+    fleet:node:{node}:handback    set while the worker shuts down: its batches hand back
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import redis
 
 from workers.dataset.jobs import redis_job_key
@@ -39,6 +48,8 @@ SERIES_BUCKET_S = 10
 # the job's stats, so a batch's contribution can be replaced exactly (SET_BATCH_COUNTS) when the
 # store says otherwise: the counters stay equal to what the store holds plus the open batches.
 COUNT_FIELDS = ("completed", "failed", "quarantined", "truncated", "output_tokens")
+# The job hash's fields split.GRANT counts: parts granted at the job's end, and their rows.
+SPLIT_FIELDS = ("parts_granted", "rows_split")
 
 _BUMP = """
 local function bump(field, n)
@@ -115,8 +126,13 @@ class Keys:
         self.child_deaths = f"{base}:child_deaths"
         self.series_n = f"{base}:series:n"
         self.series_tok = f"{base}:series:tok"
-        # The state of the job's latest sink run (workers/sink_task.py).
+        # The state of the job's latest sink run (workers/wiring/sink_task.py).
         self.sink = f"{base}:sink"
+        # Workers that could not read the job's store lately: node -> JSON {why, at}.
+        self.stalled = f"{base}:stalled"
+        # The live quality tally of a running job (workers/delivery/quality_live.py), and the
+        # examples of each figure (``{quality}:ex:<figure>``, a list of row ids).
+        self.quality = f"{base}:quality"
         self._base = base
 
     def progress(self, batch: int) -> str:
@@ -131,16 +147,57 @@ class Keys:
 JOBS_KEY = "fleet:jobs"
 
 
+def handback_key(node: str) -> str:
+    """Set by a worker that is shutting down: its batches hand themselves back."""
+    return f"fleet:node:{node}:handback"
+
+# How long a worker's "cannot read the job" note stands without being renewed.
+STALL_NOTE_S = 90.0
+
+
+def note_stalled(r: redis.Redis, job: str, node: str, why: str) -> None:
+    """Record that ``node`` cannot work on ``job`` (``why``: one line for ``status``)."""
+    key = Keys(job).stalled
+    pipe = r.pipeline()
+    pipe.hset(key, node, orjson.dumps({"why": why, "at": round(time.time(), 3)}))
+    pipe.expire(key, int(STALL_NOTE_S))
+    pipe.execute()
+
+
+def record_profile(r: redis.Redis, job: str, profile: str,
+                   needs: dict[str, str | None]) -> None:
+    """The launch profile a job was enqueued for and the output flags it needs an engine to
+    run with (config/launch_profile.py OUTPUT_FLAGS); workers with other values refuse it."""
+    r.hset(Keys(job).job, mapping={"profile": profile, "needs": orjson.dumps(needs)})
+
+
+def clear_stalled(r: redis.Redis, job: str, node: str) -> None:
+    """``node`` can read the job again."""
+    r.hdel(Keys(job).stalled, node)
+
+
+def stalled_notes(r: redis.Redis, job: str) -> list[str]:
+    """``node why`` for every worker that noted, within STALL_NOTE_S, that it cannot work on
+    ``job``."""
+    now, out = time.time(), []
+    for node, raw in sorted(r.hgetall(Keys(job).stalled).items()):
+        note = orjson.loads(raw)
+        if now - float(note.get("at", 0)) <= STALL_NOTE_S:
+            out.append(f"{node.decode()} {note.get('why', '')}")
+    return out
+
+
 def bucket(now: float | None = None) -> int:
     """The time-series bucket a moment falls in."""
     return int((now if now is not None else time.time()) // SERIES_BUCKET_S) * SERIES_BUCKET_S
 
 
-def record_keys(job: str, batch: int, node_key: str) -> list[str]:
-    """KEYS for RECORD_ROWS, ``node_key`` the worker's lifetime counters."""
+def record_keys(job: str, batch: int, node_key: str, fence: str | None = None) -> list[str]:
+    """KEYS for RECORD_ROWS, ``node_key`` the worker's lifetime counters; the writer's token
+    must be held by ``fence``: the batch's owner key, or a part's (workers/delivery/split.py)."""
     k = Keys(job)
     return [k.progress(batch), k.stats, k.done, k.series_n, k.series_tok, node_key,
-            k.owner(batch), k.bstats, k.job]
+            fence or k.owner(batch), k.bstats, k.job]
 
 
 def record_args(batch: int, node: str, token: str,

@@ -34,10 +34,10 @@ from kombu.utils.json import dumps
 
 from workers.delivery import jobstate
 from workers.delivery.gate import ConsumerGate
+from workers.node.queues import BATCH_TASK
 
 log = logging.getLogger(__name__)
 
-BATCH_TASK = "fleet.run_batch"
 
 # KEYS: unacked_index, unacked; ARGV: owner-token prefix of this worker's pool, then
 # (tag, owner key or '', kombu's unacked value) per held delivery.

@@ -27,6 +27,8 @@ import redis
 import redis.asyncio as aioredis
 
 from workers.aio import cancel_and_wait
+from workers.dataset.sink_lock import EXTEND, TAKE_OR_KEEP
+from workers.dataset.sink_lock import RELEASE as LOCK_RELEASE
 from workers.delivery import jobstate
 from workers.errors import FleetError
 
@@ -70,22 +72,9 @@ return 1
 
 # KEYS: owner, done; ARGV: token, ttl ms, batch. A claim that lapsed while nobody else took
 # the batch (a frozen process, a slow Redis) is taken again: the message is still this run's.
-RENEW = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if cur or redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
+# The data-set lock's scripts (workers/dataset/sink_lock.py) are the one implementation.
+RENEW = TAKE_OR_KEEP
+RELEASE = LOCK_RELEASE
 
 
 class LostOwnership(FleetError):
@@ -146,9 +135,25 @@ class Ownership:
         self.token = make_token(node)
         self.ttl_ms = int(ttl_s * 1000)
         self._keeper: asyncio.Task[None] | None = None
+        self._renewed_at = time.monotonic()  # the claim is known to hold until ttl after this
+        self._confirming: asyncio.Lock | None = None
+        self._renew_script = RENEW
 
     def __repr__(self) -> str:
         return f"<Ownership {self.key} {self.token}>"
+
+    @classmethod
+    def of_part(cls, r: aioredis.Redis, job: str, batch: int, node: str, ttl_s: float,
+                key: str, token: str, asked_at: float) -> Ownership:
+        """The claim on a part of a batch (workers/delivery/split.py), granted under ``key``
+        for ``token`` after ``asked_at`` (monotonic): renewed, confirmed and released like a
+        batch claim, and it lapses with the batch's done mark as well."""
+        part = cls(r, job, batch, node, ttl_s)
+        part.key, part.token, part._renewed_at = key, token, asked_at
+        # Extended only, never taken again once lapsed: the batch's owner reads a lapsed part
+        # as its rows given back, and may be sending them itself already.
+        part._renew_script = EXTEND
+        return part
 
     async def _claim(self, reopen: bool, steal_from: str) -> tuple[str, str]:
         k = self.keys
@@ -167,6 +172,7 @@ class Ownership:
         while True:
             status, cur = await self._claim(reopen, steal)
             if status == "ok":
+                self._renewed_at = time.monotonic()
                 return Claimed("ok", cur)
             if status == "done":
                 if await result_stored():
@@ -181,8 +187,36 @@ class Ownership:
 
     async def renew(self) -> bool:
         """Extend the claim; False once another run owns the batch (or nobody does)."""
-        return bool(await self.redis.eval(RENEW, 2, self.key, self.keys.done, self.token,
-                                          self.ttl_ms, self.batch))
+        asked_at = time.monotonic()
+        ok = bool(await self.redis.eval(self._renew_script, 2, self.key, self.keys.done, self.token,
+                                        self.ttl_ms, self.batch))
+        if ok:
+            self._renewed_at = max(self._renewed_at, asked_at)
+        return ok
+
+    async def confirm(self, margin_s: float) -> None:
+        """Return only while the claim surely holds; raise LostOwnership otherwise.
+
+        The claim holds for ttl after its last renewal. Past ``ttl - margin_s`` of that (a
+        process frozen past its lease, a stalled loop) it may have lapsed and another run may
+        own the batch, so it is renewed first: a woken run sends nothing more on a lost claim,
+        not even in the second before its keeper finds out."""
+        if (lost := self.lost()) is not None:
+            raise lost
+        if time.monotonic() - self._renewed_at < self.ttl_ms / 1000 - margin_s:
+            return
+        if self._confirming is None:
+            self._confirming = asyncio.Lock()
+        async with self._confirming:  # the many senders waiting share one renewal
+            if time.monotonic() - self._renewed_at < self.ttl_ms / 1000 - margin_s:
+                return
+            try:
+                ok = await self.renew()
+            except (redis.RedisError, OSError) as exc:
+                raise ClaimLapsed(f"claim on {self.key} not renewed for "
+                                  f"{time.monotonic() - self._renewed_at:.0f} s: {exc}") from exc
+            if not ok:
+                raise LostOwnership(f"{self.key} is owned by another run now")
 
     def start_keeping(self, renew_s: float) -> None:
         """Renew the claim every ``renew_s`` in the background until :meth:`stop_keeping`."""
@@ -205,19 +239,18 @@ class Ownership:
         """Raise LostOwnership when another run owns the batch, or when the claim could not be
         renewed for so long that it may have lapsed (Redis unreachable or a frozen process)."""
         ttl_s = self.ttl_ms / 1000
-        last_ok = time.monotonic()
         while True:
             await asyncio.sleep(renew_s)
             try:
                 ok = await self.renew()
             except (redis.RedisError, OSError) as exc:
-                if time.monotonic() - last_ok > ttl_s - renew_s:
+                if time.monotonic() - self._renewed_at > ttl_s - renew_s:
                     raise ClaimLapsed(f"claim on {self.key} not renewed for "
-                                        f"{time.monotonic() - last_ok:.0f} s: {exc}") from exc
+                                        f"{time.monotonic() - self._renewed_at:.0f} s: {exc}"
+                                        ) from exc
                 continue
             if not ok:
                 raise LostOwnership(f"{self.key} is owned by another run now")
-            last_ok = time.monotonic()
 
     async def still_owned(self) -> bool:
         """Whether this run still owns the batch (checked right before the result is written)."""

@@ -16,15 +16,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from config.settings import Settings
-from workers.context import WorkerIdentity
 from workers.dataset.jobs import JobSpec, PromptRow, progress_chunk_key, progress_prefix
 from workers.dataset.manifest import row_bucket
 from workers.dataset.samples import row_key, row_unit
 from workers.dataset.store import Store
-from workers.delivery import jobstate
+from workers.delivery import jobstate, quality_live
 from workers.delivery.ownership import LostOwnership
+from workers.delivery.quality_live import LiveFold
 from workers.engine.client import Completion
 from workers.errors import StoreError
+from workers.node.context import WorkerIdentity
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ def result_row(spec: JobSpec, batch: int, row: PromptRow, env: BatchEnv,
         # As JSON text, null when the model called no tool (the chat message's tool_calls).
         "tool_calls": orjson.dumps(done.tool_calls).decode()
         if done and done.tool_calls else None,
+        # The engine's own sampled token ids (null where the route returned none).
+        "output_ids": done.output_ids if done else None,
         # When the outcome arrived (unix s): the report's time axis at any job length.
         "finished_at": round(time.time(), 3),
     }
@@ -126,8 +129,13 @@ class ProgressRecorder:
     row once. Redis's share of a running batch is a few bytes per prompt whatever the size of
     its completion, and a redelivered batch still resumes from every answered prompt."""
 
-    def __init__(self, env: BatchEnv, job: str, batch: int, token: str) -> None:
+    def __init__(self, env: BatchEnv, job: str, batch: int, token: str,
+                 spec: JobSpec | None = None, fence: str | None = None) -> None:
         self._env, self._job, self._batch, self._token = env, job, batch, token
+        self._fence = fence  # the key that must hold ``token`` (None: the batch's owner key)
+        # The job's live quality tally (workers/delivery/quality_live.py), pushed per flush.
+        self._quality = LiveFold(spec) if spec is not None else None
+        self._spec = spec
         # Rows by manifest bucket (ok/truncated/failed/quarantined), recorded one bucket per call.
         self._buf: dict[str, list[tuple[str, bytes, str, int]]] = {}
         self._bytes = 0
@@ -139,6 +147,8 @@ class ProgressRecorder:
     def add(self, result: dict[str, Any]) -> None:
         """Queue one finished row for the next flush."""
         kind, data = row_bucket(result), orjson.dumps(result)
+        if self._quality is not None:
+            self._quality.add(result)
         self._buf.setdefault(kind, []).append(
             (row_key(result), data, kind, result["completion_tokens"]))
         self._bytes += len(data)
@@ -174,7 +184,8 @@ class ProgressRecorder:
         # recorded index always finds its row in the chunk it names.
         name, self._seq = f"{self._chunk_tag}-{self._seq:06d}", self._seq + 1
         node = self._env.me.node
-        keys = jobstate.record_keys(self._job, self._batch, jobstate.node_stats_key(node))
+        keys = jobstate.record_keys(self._job, self._batch, jobstate.node_stats_key(node),
+                                    self._fence)
         fresh: dict[str, int] = {}
         written: list[str] = []
         try:
@@ -206,11 +217,21 @@ class ProgressRecorder:
             return
         try:
             await self._count(fresh)
+            await self.push_quality()
         except (RedisError, OSError):
-            pass  # per-worker metrics only; the job's counters were bumped with the rows
+            pass  # metrics and the early warning only; the job's counters went with the rows
         if self._env.on_progress is not None:
             flushed = [row for kind in written for row in groups[kind]]
             await self._env.on_progress(len(flushed), sum(row[3] for row in flushed))
+
+    async def push_quality(self) -> None:
+        """Add the rows answered since the last push to the job's live quality tally
+        (workers/delivery/quality_live.py): every FLUSH_INTERVAL_S, not only with a spill, so
+        a gate the first rows break is seen within a second of them."""
+        if self._quality is not None and self._spec is not None and (
+                tally := self._quality.drain()) is not None:
+            await quality_live.push(self._env.redis, self._spec, tally,
+                                    self._env.settings.quality_early_rows)
 
     async def _count(self, fresh: dict[str, int]) -> None:
         """Per-worker prompts by kind (metrics)."""
@@ -226,6 +247,10 @@ class ProgressRecorder:
         flusher."""
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
+            try:
+                await self.push_quality()
+            except (RedisError, OSError) as exc:
+                log.warning("live quality tally of batch %d not updated: %s", self._batch, exc)
             if not self.due():
                 continue
             try:

@@ -23,13 +23,11 @@ import orjson
 import redis
 from celery import Celery
 
-from workers.celery_app import SHARED_QUEUE
 from workers.dataset.jobs import JobSpec, decode_rows, result_key
 from workers.dataset.store import Store
 from workers.dataset.verify import stored_batches
 from workers.delivery import jobstate, ownership
-
-BATCH_TASK = "fleet.run_batch"
+from workers.node.queues import BATCH_TASK, SHARED_QUEUE
 
 
 def message_batch(payload: bytes | dict) -> tuple[str, int] | None:

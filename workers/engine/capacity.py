@@ -37,6 +37,15 @@ from workers.engine.admission import (  # noqa: F401  (re-exported for callers)
     admission_tokens,
     steady_kv_per_request,
 )
+from workers.engine.launch_refusals import check_hybrid_flags, check_launch  # noqa: F401
+from workers.engine.mamba_pool import (  # noqa: F401  (re-exported for callers)
+    conv_bytes_per_slot,
+    conv_window_share,
+    handle_max_mamba_cache,
+    mamba_bytes_per_slot,
+    ssm_bytes_per_slot,
+)
+from workers.engine.mem_reserve import tokenizer_gpu_mib
 from workers.engine.model_config import ModelConfigError, ModelShape, model_shape  # noqa: F401
 from workers.engine.server_args import (  # noqa: F401  (re-exported for callers)
     DEFAULT_MAX_PREFILL_TOKENS,
@@ -44,8 +53,6 @@ from workers.engine.server_args import (  # noqa: F401  (re-exported for callers
     MIB_PER_GIB,
     SPECULATIVE_DEFAULT_MAX_RUNNING,
     EngineFlags,
-    check_hybrid_flags,
-    check_launch,
     cli_max_running_requests,
     derived_defaults,
     mamba_ratio,
@@ -97,97 +104,6 @@ def swa_cell_bytes(shape: ModelShape, flags: EngineFlags) -> float:
     """Sliding-window KV bytes per token per GPU (its pool holds 0.8 x the full pool's tokens)."""
     scale = kv_dtype_scale(shape, flags) / _kv_split(shape, flags.tp_size)
     return shape.swa_kv_bytes_per_token * scale
-
-
-def ssm_bytes_per_slot(shape: ModelShape, flags: EngineFlags) -> float:
-    """SSM state of one slot per GPU, honouring ``--mamba-ssm-dtype`` (bf16 halves fp32)."""
-    ssm = shape.mamba_bytes_per_slot - shape.mamba_conv_bytes_per_slot
-    sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
-    dtype = flags.mamba_ssm_dtype or shape.mamba_ssm_dtype
-    return ssm * sizes.get(dtype, 4) / sizes.get(shape.mamba_ssm_dtype, 4) / flags.tp_size
-
-
-def conv_bytes_per_slot(shape: ModelShape, flags: EngineFlags) -> float:
-    """Conv state of one slot per GPU: ``conv_dim / tp x (kernel - 1)``, where groups that TP does
-    not divide are first padded to ``tp`` (``configs/mamba_utils.py``:
-    ``extra_groups_for_head_shards``, ``Mamba2StateShape.create``; Mamba-2 with ``n_groups`` 1
-    at tp 8 holds 8 groups' B and C), in ``SGLANG_MAMBA_CONV_DTYPE`` (bf16 by default)."""
-    tp, groups = flags.tp_size, shape.mamba_groups
-    conv = shape.mamba_conv_bytes_per_slot
-    if tp > 1 and groups and groups % tp:
-        base = shape.mamba_intermediate + 2 * groups * shape.mamba_state_size
-        padded = shape.mamba_intermediate + 2 * tp * shape.mamba_state_size
-        conv = conv * padded / base
-    sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
-    return conv * sizes.get(flags.mamba_conv_dtype or "bfloat16", 2) / 2 / tp
-
-
-def mamba_bytes_per_slot(shape: ModelShape, flags: EngineFlags) -> float:
-    """``mamba_cache_per_req``: conv + SSM state of one slot per GPU."""
-    return ssm_bytes_per_slot(shape, flags) + conv_bytes_per_slot(shape, flags)
-
-
-def handle_max_mamba_cache(
-    rest_gib: float, per_slot: float, flags: EngineFlags, cli_cap: int | None
-) -> tuple[float, int]:
-    """Reserve speculative states and Mamba slots; return (GiB left for KV, slot count).
-
-    ``spec_reservation`` of the release (``handle_max_mamba_cache``):
-
-    - ``cli_cap`` (0.5.10-0.5.12, ``model_runner_kv_cache_mixin.py``): ``per_slot * cli_cap *
-      D`` first, then the slots from what is left;
-    - ``capped`` (0.5.13-0.5.16, the same file; ``mem_cache/kv_cache_configurator.py::
-      _handle_max_mamba_cache`` from 0.5.16): an automatic budget is split jointly, ``slots =
-      budget // (per_slot * (1 + D / R))``, and ``min(cli_cap, slots // R) * D`` states kept;
-    - ``capped_plus_one`` (0.5.17 on, ``kv_cache_configurator.py``): the same for one request
-      more, the budget less ``per_slot * (1 + D)`` first, and (``mamba_pool_padding``) the
-      padding slot charged: ``slots = (budget - per_slot) // per_slot`` without speculation,
-      ``(slots + 1) * per_slot`` taken from the rest.
-    """
-    found = release(flags)
-    if found.spec_reservation == "cli_cap":
-        return _reserve_for_cli_cap(rest_gib, per_slot, flags, cli_cap)
-    plus = 1 if found.spec_reservation == "capped_plus_one" else 0
-    spec = speculative(flags) and cli_cap is not None
-    draft = num_draft_tokens(flags)
-    pad = 1 if found.mamba_pool_padding else 0
-    ratio_r = mamba_ratio(flags)
-    if flags.max_mamba_cache_size is not None:
-        slots = flags.max_mamba_cache_size
-        if spec:
-            capped = min(cli_cap, slots // ratio_r)  # type: ignore[type-var]
-            rest_gib -= per_slot * (capped + plus) * draft / GIB
-    elif flags.disable_radix_cache and cli_cap is not None:
-        slots = cli_cap
-        if spec:
-            rest_gib -= per_slot * (slots + plus) * draft / GIB
-    else:
-        full = flags.mamba_full_memory_ratio
-        budget = rest_gib * full / (1 + full) * GIB
-        if spec:
-            slots = int((budget - plus * per_slot * (1 + draft))
-                        // (per_slot * (1 + draft / ratio_r)))
-            capped = min(cli_cap, slots // ratio_r)  # type: ignore[type-var]
-            rest_gib -= per_slot * (capped + plus) * draft / GIB
-        else:
-            slots = int((budget - pad * per_slot) // per_slot)
-    return rest_gib - (slots + pad) * per_slot / GIB, slots
-
-
-def _reserve_for_cli_cap(
-    rest_gib: float, per_slot: float, flags: EngineFlags, cli_cap: int | None
-) -> tuple[float, int]:
-    """0.5.10-0.5.12 ``handle_max_mamba_cache``: the pre-cap ``cli_cap`` states, then slots."""
-    if speculative(flags) and cli_cap is not None:
-        rest_gib -= per_slot * cli_cap * num_draft_tokens(flags) / GIB
-    if flags.max_mamba_cache_size is not None:
-        slots = flags.max_mamba_cache_size
-    elif flags.disable_radix_cache and cli_cap is not None:
-        slots = cli_cap
-    else:
-        ratio = flags.mamba_full_memory_ratio
-        slots = int(rest_gib * ratio / (1 + ratio) * GIB // per_slot)
-    return rest_gib - slots * per_slot / GIB, slots
 
 
 def resolve_max_num_reqs(
@@ -244,14 +160,27 @@ class CapacityPlan:
     sglang_version: str = ""
 
 
+def draft_loaded_gib(shape: ModelShape, flags: EngineFlags) -> float:
+    """GiB of draft weights resident when a release that loads the draft first
+    (``draft_before_pools``) sizes the target's pools; 0 otherwise."""
+    if not (speculative(flags) and release(flags).draft_before_pools):
+        return 0.0
+    return max(shape.draft_load_gib, shape.draft_weights_gib) / flags.tp_size
+
+
 def draft_gib(shape: ModelShape, flags: EngineFlags, tokens: int) -> tuple[float, float]:
     """(kept, peak) GiB of the speculative draft: its weights that stay plus its KV pool of
     ``tokens`` (one attention layer), and the same while it loads with its own embeddings.
-    The draft worker starts after the target's pools and graphs, out of what is left."""
+    The draft worker starts after the target's pools and graphs, out of what is left; from
+    0.5.17 its weights are already in (:func:`draft_loaded_gib`) and only its KV pool comes
+    after."""
     if not speculative(flags):
         return 0.0, 0.0
     kv = tokens * shape.draft_kv_bytes_per_token * kv_dtype_scale(shape, flags)
     kv /= _kv_split(shape, flags.tp_size) * GIB
+    loaded = draft_loaded_gib(shape, flags)
+    if loaded:
+        return loaded + kv, kv
     kept = shape.draft_weights_gib / flags.tp_size + kv
     return kept, max(shape.draft_load_gib, shape.draft_weights_gib) / flags.tp_size + kv
 
@@ -281,13 +210,19 @@ def _memory_map(
     weights = shape.weights_gib / flags.tp_size
     per_slot = mamba_bytes_per_slot(shape, flags) if shape.hybrid else 0.0
     mamba = (slots + 1) * per_slot / GIB if shape.hybrid else 0.0  # MambaPool holds slots + 1
-    inter = (cap + 1) * num_draft_tokens(flags) * per_slot / GIB if shape.hybrid else 0.0
+    inter = 0.0
+    if shape.hybrid:  # the conv window as allocated (mamba_pool.conv_window_share)
+        inter_slot = per_slot - conv_bytes_per_slot(shape, flags) * (
+            1 - conv_window_share(shape, flags))
+        inter = (cap + 1) * num_draft_tokens(flags) * inter_slot / GIB
     kv = tokens * (kv_cell_bytes(shape, flags)
                    + SWA_FULL_TOKENS_RATIO * swa_cell_bytes(shape, flags)) / GIB
     unexplained = shape.unexplained_gib / flags.tp_size
     draft = draft_gib(shape, flags, tokens)[0]
     pool = pre * fraction  # what post - pre * (1 - f) leaves besides the weights
-    free = max(0.0, pool - shape.pre_load_gib - weights - mamba - inter - kv - unexplained)
+    first = draft_loaded_gib(shape, flags)  # in the pool when it loads before the pools
+    free = max(0.0, pool - shape.pre_load_gib - weights - mamba - inter - kv - unexplained
+               - first)
     used = weights + mamba + inter + kv + unexplained + draft + free
     return {"total": total_gib, "weights": weights, "mamba": mamba, "mamba_intermediate": inter,
             "kv": kv, "unexplained": unexplained, "draft": draft,
@@ -323,12 +258,17 @@ def plan_capacity(
     check_launch(shape, flags)
     chunk, graph_bs, fraction = derived_defaults(gpu_memory_mib, flags, shape)
     total_gib = gpu_memory_mib / MIB_PER_GIB
+    found = release(flags)
     pre = free_before_weights_gib
     if pre is None:
-        pre = max(0.0, total_gib - STARTUP_USED_GIB)
+        tokenizer = tokenizer_gpu_mib(flags, shape, found.mm_ipc_pool_mib) / MIB_PER_GIB
+        pre = max(0.0, total_gib - STARTUP_USED_GIB - tokenizer)
     post = pre - shape.pre_load_gib - (shape.weights_gib + shape.unexplained_gib) / flags.tp_size
+    # 0.5.17 Scheduler.init_memory_pools runs after the draft worker loaded its weights, and
+    # KVCacheConfigurator._profile_available_bytes reads free memory then ("draft weights are
+    # now counted"): the draft as loaded, its own embed and lm_head included.
+    post -= draft_loaded_gib(shape, flags)
     rest = post - pre * (1 - fraction)
-    found = release(flags)
     if shape.multimodal and found.mm_kv_reserve_mib:
         # 0.5.18 kv_cache_configurator.py::mm_runtime_reservation_gb (SGLANG_VLM_CACHE_SIZE_MB).
         rest -= found.mm_kv_reserve_mib / MIB_PER_GIB
@@ -347,7 +287,7 @@ def plan_capacity(
     if cap <= 0:
         raise RuntimeError(f"max_running_requests resolves to {cap} (Mamba slots {slots} < R).")
     memory = _memory_map(shape, flags, total_gib, pre, (slots, cap, tokens, fraction))
-    allocated = shape.pre_load_gib + sum(memory[k] for k in (
+    allocated = shape.pre_load_gib + draft_loaded_gib(shape, flags) + sum(memory[k] for k in (
         "weights", "mamba", "mamba_intermediate", "kv", "unexplained"))
     _check_draft_fits(shape, flags, pre - allocated, graph_bs * 2 / MIB_PER_GIB, tokens)
     max_req_len = min(context_len - 1, tokens - 1)
@@ -384,5 +324,5 @@ def mamba_breakdown_gib(
         "conv_state": states * conv / GIB,
         "ssm_state": states * ssm / GIB,
         "intermediate_ssm_state_cache": inter * ssm / GIB,
-        "intermediate_conv_window_cache": inter * conv / GIB,
+        "intermediate_conv_window_cache": inter * conv * conv_window_share(shape, flags) / GIB,
     }

@@ -55,6 +55,15 @@ class Completion:
     # The chat message's ``tool_calls`` as the engine parsed them (the profile's
     # --tool-call-parser; ``OpenAIServingChat._process_tool_calls``), None when there are none.
     tool_calls: Any = None
+    # The engine's own sampled token ids (:func:`parse_generate`, :func:`parse_chat`).
+    output_ids: list[int] | None = None
+
+
+def _ids(raw: Any) -> list[int] | None:
+    """A list of token ids as the engine sent it, or None."""
+    if not isinstance(raw, list):
+        return None
+    return [int(x) for x in raw]
 
 
 def _finish_reason(raw: Any) -> str:
@@ -89,7 +98,11 @@ def chat_messages(prompt: str | None, messages: list[Any] | None,
 
 
 def _chat_body(messages: list[Any], sampling: Sampling) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": messages, **(sampling.extra or {})}
+    # return_token_ids: the choice carries the sampled ids from SGLang 0.5.17 on
+    # (serving_chat.py::_build_chat_response); older releases ignore the unknown key, as they
+    # ignore any (protocol.py::ChatCompletionRequest takes pydantic's default, extra="ignore").
+    body: dict[str, Any] = {"messages": messages, "return_token_ids": True,
+                            **(sampling.extra or {})}
     if sampling.max_new_tokens is not None:
         body["max_tokens"] = sampling.max_new_tokens
     if sampling.temperature is not None:
@@ -111,6 +124,8 @@ def parse_generate(data: dict[str, Any], latency_s: float) -> Completion:
         latency_s=float(meta.get("e2e_latency") or latency_s),
         # TokenizerManager.add_logprob_to_meta_info: input/output token and top logprobs.
         logprobs={k: v for k, v in meta.items() if k.endswith("logprobs")} or None,
+        # TokenizerManager._handle_batch_output: every sampled id, the stop token included.
+        output_ids=_ids(data.get("output_ids")),
     )
 
 
@@ -128,6 +143,9 @@ def parse_chat(data: dict[str, Any], latency_s: float) -> Completion:
         latency_s=latency_s,
         logprobs=choice.get("logprobs"),
         tool_calls=message.get("tool_calls") or None,
+        # ChatCompletionResponseChoice: ``token_ids`` in 0.5.17, ``response_token_ids`` from
+        # 0.5.18 (both only with return_token_ids and stream=false).
+        output_ids=_ids(choice.get("response_token_ids", choice.get("token_ids"))),
     )
 
 

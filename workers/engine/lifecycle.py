@@ -116,14 +116,15 @@ def start_failure(log_path: Path) -> str:
 
 
 def prelaunch_refusals(spec: EngineSpec) -> list[str]:
-    """The rules by which SGLang would refuse this launch at start (``server_args.
+    """The rules by which SGLang would refuse this launch at start (``launch_refusals.
     known_refusals`` and ``check_hybrid_flags``), from the profile's flags and the model's
     config.json; empty for the simulator, or when the config cannot be read here (then SGLang
     itself decides)."""
     if spec.kind != "sglang":
         return []
+    from workers.engine.launch_refusals import check_hybrid_flags, known_refusals
     from workers.engine.model_config import ModelConfigError, model_shape
-    from workers.engine.server_args import EngineFlags, check_hybrid_flags, known_refusals
+    from workers.engine.server_args import EngineFlags
 
     profile = spec.launch_profile()
     model = profile.flags.get("model-path")

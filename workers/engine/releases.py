@@ -33,6 +33,11 @@ How :mod:`workers.engine.capacity` uses the arithmetic traits (names as in :clas
   GPU of 20-35 GiB.
 - ``skip_decode_lock_env``: ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1`` (default off) lowers R by
   one (extra_buffer 5 -> 4, lazy 4 -> 3; no_buffer stays 3: base 2 plus one).
+- ``draft_before_pools``: the speculative draft's weights load before the target's pools are
+  sized, so the KV budget pays for them; ``prefill_graph_rule``: which prefill CUDA graphs a
+  model keeps (``"piecewise"``: off for multimodal and the listed architectures; ``"breakable"``:
+  per backend, :mod:`workers.engine.mem_reserve`); ``mm_ipc_pool_mib``: the tokenizer's CUDA-IPC
+  feature pool a multimodal model gets on GPU 0 before ``pre`` is measured.
 """
 
 from __future__ import annotations
@@ -81,6 +86,10 @@ class Traits:
     server_info_startup_time: bool = False
     loads_aggregate: bool = True  # "dp_rank_count", "aggregate", loads[].num_total_reqs
     loads_accelerator: bool = False  # "accelerator", "num_accelerators"
+    # --- /v1/chat/completions ---------------------------------------------------------------
+    # The choice key that holds the sampled token ids when the request sets return_token_ids
+    # (None: the request field does not exist and is ignored, as any unknown key).
+    chat_token_ids_key: str | None = None
     # --- pool arithmetic (see the module docstring) ---------------------------------------
     kv_configurator: str = "model_executor/model_runner_kv_cache_mixin.py"
     spec_v2_default: bool = False
@@ -91,6 +100,10 @@ class Traits:
     mamba_pool_padding: bool = False
     lazy_extra_buffer: bool = False
     mm_kv_reserve_mib: int = 0
+    draft_before_pools: bool = False
+    prefill_graph_rule: str = "piecewise"  # "piecewise" | "breakable"
+    mm_ipc_pool_mib: int = 0
+    conv_window_dedup: bool = False  # one D + K - 2 conv window per request (log line only)
     skip_decode_lock_env: bool = False  # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 lowers R by 1
     # An unset --mem-fraction-static reserves this much more with EAGLE/MTP (6 GiB STANDALONE).
     mem_fraction_spec_reserve_mib: int = 4096
@@ -150,12 +163,24 @@ CHANGES: tuple[Change, ...] = (
            "managers/scheduler_components/memory_usage.py::build_memory_usage"),
     Change("0.5.17", "server_info_startup_time", True, "entrypoints/http_server.py::server_info"),
     Change("0.5.17", "loads_accelerator", True, "entrypoints/v1_loads.py::get_loads"),
+    Change("0.5.17", "chat_token_ids_key", "token_ids",
+           "entrypoints/openai/serving_chat.py::_build_chat_response (ret_item['output_ids'])"),
     Change("0.5.17", "spec_reservation", "capped_plus_one",
            "mem_cache/kv_cache_configurator.py::_handle_max_mamba_cache"),
     Change("0.5.17", "mamba_pool_padding", True,
            "mem_cache/kv_cache_configurator.py::_handle_max_mamba_cache"),
     Change("0.5.17", "skip_decode_lock_env", True,
            "mem_cache/kv_cache_configurator.py::_calculate_mamba_ratio"),
+    Change("0.5.17", "draft_before_pools", True,
+           "managers/scheduler.py::Scheduler.init_memory_pools (after the draft worker loads)"),
+    Change("0.5.17", "prefill_graph_rule", "breakable",
+           "server_args.py::_apply_cuda_graph_compatibility, reserve_for_graph_mb"),
+    Change("0.5.17", "mm_ipc_pool_mib", 1024,
+           "server_args.py::_handle_multimodal_feature_transport (SGLANG_MM_FEATURE_CACHE_MB)"),
+    Change("0.5.17", "conv_window_dedup", True,
+           "mem_cache/memory_pool.py::_allocate_deduplicated_conv_window"),
+    Change("0.5.18", "chat_token_ids_key", "response_token_ids",
+           "entrypoints/openai/protocol.py::ChatCompletionResponseChoice"),
     Change("0.5.18", "mm_kv_reserve_mib", 100,
            "mem_cache/kv_cache_configurator.py::mm_runtime_reservation_gb"),
     Change("0.5.20", "removed_flags", RENAMED_0_5_20, "arg_groups/fields/exec_.py"),
@@ -190,6 +215,7 @@ _PINS: dict[str, tuple[str, str, str, str]] = {
 ARITHMETIC = ("kv_configurator", "spec_v2_default", "spec_v2_env", "explicit_cap_rule",
               "mamba_auto_strategy", "spec_reservation", "mamba_pool_padding",
               "lazy_extra_buffer", "mm_kv_reserve_mib", "skip_decode_lock_env",
+              "draft_before_pools", "prefill_graph_rule", "mm_ipc_pool_mib",
               "mem_fraction_spec_reserve_mib", "small_gpu_defaults")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?")
 

@@ -14,7 +14,7 @@ accepts) with the type each value must have, and ``RANGES`` the bounds ``verify(
 ``sampling_seed``, ``max_completion_tokens or max_tokens`` to ``max_new_tokens`` and
 ``min_tokens`` to ``min_new_tokens``). Staged rows keep their own (OpenAI or SGLang) names;
 :func:`translate` and :func:`route_fields` put them in the fields of the route a request takes
-(the job's options merged with the row's: :mod:`workers.prompt_sampling`).
+(the job's options merged with the row's: :mod:`workers.batch.prompt_sampling`).
 """
 
 from __future__ import annotations

@@ -30,25 +30,18 @@ from workers.engine.admission import (
     admitted_offset,
     newcomer_tokens,
 )
-from workers.sim.calibration import B200_WORKLOAD, Calibration
+from workers.sim.pacing import (
+    accept_length,
+    clamp_max_new_tokens,
+    sleep_until,
+    step_seconds,
+    steps_due,
+)
 from workers.sim.radix import PrefixCache
 from workers.sim.records import EngineConfig, Interval, Observer, SimRequest, Snapshot
 
 __all__ = ["EngineConfig", "Interval", "Observer", "SimEngine", "SimRequest", "Snapshot",
            "accept_length", "clamp_max_new_tokens"]
-
-# When the sim falls behind its schedule by more than this, it stops trying to catch up.
-MAX_LAG_S = 0.05
-# Upper bound of decode steps run in one pass at very high FLEET_SIM_SPEED.
-MAX_STEPS_PER_PASS = 10_000
-
-
-def accept_length(draft_tokens: int, cal: Calibration = B200_WORKLOAD) -> float:
-    """Tokens gained per decode step: 1 + rate * (draft - 1), or 1 without speculation."""
-    if draft_tokens <= 1:
-        return 1.0
-    return 1.0 + cal.accept_rate * (draft_tokens - 1)
-
 
 class SimEngine:
     """FCFS continuous-batching scheduler of the simulator."""
@@ -75,6 +68,9 @@ class SimEngine:
         self._interval_start = time.monotonic()
         self._steps = 1  # decode steps run by the current pass
         self._prefill_s = 0.0  # real seconds the last admission round's prefill costs
+        # (newcomers, until): the last round's requests are not in the running batch until
+        # their prefill forward has run (see snapshot)
+        self._prefilling: tuple[int, float] = (0, 0.0)
         self.cache = PrefixCache(config.cache_mode, config.max_total_num_tokens)
 
     # --- public API -----------------------------------------------------------------------
@@ -118,8 +114,15 @@ class SimEngine:
         mamba_num = min(sum(self._mamba_slots(r) for r in self.running),
                         cfg.max_mamba_cache_size) if cfg.mamba_ratio else 0
         slots = max(cfg.max_mamba_cache_size, 1)
+        # SGLang runs a round's prefill as a forward of its own and merges those requests
+        # into the running batch in the next iteration (``Scheduler.get_next_batch_to_run``
+        # merges ``last_batch`` before it builds the next batch), so while that prefill runs
+        # the running batch (what ``/v1/loads`` and the logs count) does not hold them: a
+        # finished request's slot stays empty for one prefill forward.
+        newcomers, until = self._prefilling
+        prefilling = newcomers if time.monotonic() < until else 0
         return Snapshot(
-            running=len(self.running),
+            running=len(self.running) - prefilling,
             queued=len(self.waiting),
             used_tokens=used,
             full_usage=used / cfg.max_total_num_tokens,
@@ -231,6 +234,8 @@ class SimEngine:
             self.running = [r for r in self.running if r.finish_reason is None]
             cal = self.config.calibration
             self._prefill_s = cal.prefill_s(new_tokens, squares) / self.config.speed
+            newcomers = max(0, len(self.running) - running_before)  # those still running
+            self._prefilling = (newcomers, time.monotonic() + self._prefill_s)
             self.observer.on_step(0, new_tokens, cached)
             snap = self.snapshot()
             self.observer.on_prefill(new_reqs, new_tokens, cached, running_before, snap)
@@ -256,30 +261,12 @@ class SimEngine:
 
     def _step_seconds(self) -> float:
         """Real seconds of one decode step at the current batch size and speed."""
-        context = self.kv_used / len(self.running) if self.running else 0.0
-        ms = self.config.calibration.step_ms(len(self.running), context,
-                                             self.config.draft_tokens > 0)
-        return ms / 1000.0 / self.config.speed
+        return step_seconds(self.config.calibration, len(self.running), self.kv_used,
+                            self.config.draft_tokens > 0, self.config.speed)
 
     def _steps_now(self) -> int:
-        """Decode steps to run in this pass: those already due, but none past a finish.
-
-        At real speed this is 1. When FLEET_SIM_SPEED makes steps shorter than one event-loop
-        pass, every step that is due runs in one O(running) pass, stopping at the first step
-        where a request finishes so that its slot is refilled at the same step as in SGLang.
-        """
-        due = 1 + int(max(0.0, time.monotonic() - self._next_at) / self._step_seconds())
-        if due == 1:
-            return 1
-        to_finish = min(
-            (
-                math.ceil((r.stop_at - r.progress) / self.accept_len)
-                for r in self.running
-                if not r.hang
-            ),
-            default=1,
-        )
-        return max(1, min(due, to_finish, MAX_STEPS_PER_PASS))
+        """Decode steps to run in this pass (:func:`workers.sim.pacing.steps_due`)."""
+        return steps_due(self._next_at, self._step_seconds(), self.running, self.accept_len)
 
     def _decode_step(self) -> None:
         """Advance every running request by ``k`` steps of the accept length (O(running))."""
@@ -374,13 +361,7 @@ class SimEngine:
         """Sleep until the next step is due (step time divided by FLEET_SIM_SPEED)."""
         self._next_at += self._steps * self._step_seconds() + self._prefill_s
         self._prefill_s = 0.0
-        delay = self._next_at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-            return
-        if delay < -MAX_LAG_S:
-            self._next_at = time.monotonic()
-        await asyncio.sleep(0)
+        self._next_at = await sleep_until(self._next_at)
 
     # --- finishing --------------------------------------------------------------------------
 
@@ -413,8 +394,3 @@ class SimEngine:
             self._output.set()
             self._output = None
 
-
-def clamp_max_new_tokens(requested: int | None, input_len: int, max_req_len: int) -> int:
-    """``Scheduler.init_req_max_new_tokens``: min(requested, max_req_len - input_len - 1)."""
-    limit = max(0, max_req_len - input_len - 1)
-    return limit if requested is None else max(0, min(requested, limit))

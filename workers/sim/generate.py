@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.routing import Route
 
+from workers.sim.answers import plain_text
 from workers.sim.api import (
     INTERNAL_ERROR,
     NOT_READY,
@@ -23,7 +24,7 @@ from workers.sim.api import (
 from workers.sim.engine import SimRequest
 from workers.sim.report import log
 from workers.sim.state import SimState, Uncaught, make_request
-from workers.sim.textgen import count_text_tokens, filler_ids, filler_text, token_logprobs
+from workers.sim.textgen import count_text_tokens, filler_ids, token_logprobs
 
 
 def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, str, Any]], bool]:
@@ -159,7 +160,7 @@ def generate_result(state: SimState, req: SimRequest, ask: LogprobAsk | None = N
         "decode_throughput": req.generated / req.latency if req.latency > 0 else 0.0,
         "response_sent_to_client_ts": now,
     })
-    text = req.json_text if req.json_text is not None else filler_text(text_tokens(req))
+    text = req.json_text if req.json_text is not None else plain_text(text_tokens(req), req.rid)
     return {"text": text, "output_ids": ids, "meta_info": meta}
 
 

@@ -17,8 +17,10 @@ from typing import Any
 import orjson
 from starlette.routing import Route
 
+from workers.sim.answers import chat_texts, plain_text
 from workers.sim.api import NOT_READY, JsonHandler, endpoint, parse_json, text_tokens
 from workers.sim.engine import SimRequest
+from workers.sim.formats import sim_release
 from workers.sim.state import SimState, Uncaught, make_request
 from workers.sim.structured import response_schema, tool_calls, validate_tools
 from workers.sim.textgen import (
@@ -27,7 +29,6 @@ from workers.sim.textgen import (
     count_chat_tokens,
     count_text_tokens,
     filler_ids,
-    filler_text,
     reasoning_split,
 )
 
@@ -128,7 +129,7 @@ def completion_document(state: SimState, done: list[SimRequest], top: int | None
         choices.append(
             {
                 "index": index,
-                "text": filler_text(text_tokens(req)),
+                "text": plain_text(text_tokens(req), req.rid),
                 "logprobs": None if top is None else completion_logprobs(ids, top),
                 "finish_reason": kind,
                 "matched_stop": matched,
@@ -188,12 +189,13 @@ def chat_message(req: SimRequest, thinking: bool,
     reasoning = 0
     if thinking:
         reasoning, _ = reasoning_split(req.generated, req.drawn_len)
-    shown = min(reasoning, words)
-    content = req.json_text if req.json_text is not None else filler_text(words - shown)
+    content, reasoning_text = chat_texts(words, reasoning, thinking, req.rid)
+    if req.json_text is not None:
+        content = req.json_text
     message = {
         "role": "assistant",
         "content": None if calls else content,
-        "reasoning_content": filler_text(shown) if thinking else None,
+        "reasoning_content": reasoning_text,
         "tool_calls": calls or None,
     }
     return message, reasoning
@@ -201,10 +203,12 @@ def chat_message(req: SimRequest, thinking: bool,
 
 def chat_document(state: SimState, req: SimRequest, thinking: bool,
                   logprob: tuple[bool, int] = (False, 0),
-                  calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  calls: list[dict[str, Any]] | None = None,
+                  token_ids: bool = False) -> dict[str, Any]:
     """The /v1/chat/completions response (``logprob``: :func:`chat_logprob_request`;
     ``calls``: the parsed tool calls, which make the finish reason ``tool_calls`` as
-    ``OpenAIServingChat._build_chat_response`` does)."""
+    ``OpenAIServingChat._build_chat_response`` does; ``token_ids``: the request's
+    ``return_token_ids``, answered under the played release's choice key, if it has one)."""
     message, reasoning = chat_message(req, thinking, calls)
     kind, matched = _finish(req)
     if calls and kind == "stop":
@@ -219,6 +223,8 @@ def chat_document(state: SimState, req: SimRequest, thinking: bool,
         "finish_reason": kind,
         "matched_stop": matched,
     }
+    if token_ids and (key := sim_release(state.version).chat_token_ids_key):
+        choice[key] = filler_ids(req.generated, eos)
     return {
         "id": req.rid,
         "object": "chat.completion",
@@ -286,7 +292,8 @@ def chat_handler(state: SimState) -> JsonHandler:
         calls = tool_calls(body, f"{orjson.dumps(body.get('messages')).decode()}\0"
                            f"{body.get('seed')}", state.args.tool_call_parser)
         done = await state.engine.submit(req)
-        return 200, chat_document(state, done, thinking_on(state, body), logprob, calls)
+        return 200, chat_document(state, done, thinking_on(state, body), logprob, calls,
+                                  body.get("return_token_ids") is True)
 
     return chat
 

@@ -20,6 +20,7 @@ from config.settings import SimSettings, load_settings
 from workers.engine.capacity import EngineFlags, model_shape, plan_capacity, resolved_mamba_strategy
 from workers.engine.versions import traits
 from workers.sim.admin import admin_routes
+from workers.sim.answers import ANSWERS
 from workers.sim.api import native_routes
 from workers.sim.calibration import calibration
 from workers.sim.engine import EngineConfig, SimEngine
@@ -171,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim = load_settings().sim
     if sim.speed <= 0:
         log(f"FLEET_SIM_SPEED must be > 0, got {sim.speed}")
+        return 2
+    if sim.answer not in ANSWERS:
+        log(f"FLEET_SIM_ANSWER must be one of {', '.join(ANSWERS)}, got {sim.answer!r}")
         return 2
     try:
         state = build_state(args, sim)

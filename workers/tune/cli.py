@@ -83,7 +83,7 @@ def _local_beat(settings: Settings, gpu: int) -> dict[str, Any] | None:
     """This host's worker for ``gpu`` from the heartbeats (None if Redis or it is absent)."""
     import redis
 
-    from workers.heartbeat import read_heartbeats
+    from workers.node.heartbeat import read_heartbeats
 
     try:
         beats = [b for b in read_heartbeats(_redis(settings))
@@ -98,7 +98,7 @@ def capture_local(settings: Settings, gpu: int) -> snapshots.Snapshot:
     """Snapshot GPU ``gpu``'s engine on this host."""
     from config.launch_profile import ProfileError, load_profile
     from workers.engine.lifecycle import ParallelismMismatch, group_profile
-    from workers.gpu_group import GpuGroup
+    from workers.node.gpu_group import GpuGroup
     from workers.tune import snapshot as snapshots
     from workers.tune.job_lengths import running_job_section
 

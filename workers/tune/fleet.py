@@ -1,6 +1,6 @@
 """The tuner's hands on a live fleet: heartbeats, engine HTTP, Celery remote control.
 
-Workers publish heartbeats in Redis (``workers.heartbeat``) and take a new launch profile
+Workers publish heartbeats in Redis (``workers.node.heartbeat``) and take a new launch profile
 through the ``fleet_relaunch`` remote-control command; each owns its engine on
 ``engine_host:engine_base_port + gpu`` and logs it to ``log_dir/engine-gpu<N>.log``.
 Throughput is read from the engine's ``sglang:realtime_tokens_total{mode="decode"}`` counter,
@@ -23,15 +23,16 @@ from celery import Celery
 
 from config.launch_profile import LaunchProfile, ProfileError, load_profile
 from config.settings import Settings
-from workers.celery_app import SHARED_QUEUE
 from workers.engine.lifecycle import group_profile
 from workers.engine.metrics import parse_metrics
 from workers.errors import FleetError
-from workers.gpu_group import GpuGroup
-from workers.heartbeat import read_heartbeats
+from workers.node.gpu_group import GpuGroup
+from workers.node.heartbeat import read_heartbeats
+from workers.node.queues import SHARED_QUEUE
 from workers.tune import snapshot as snapshots
 from workers.tune.job_lengths import running_job_section
 from workers.tune.snapshot import Snapshot, Target
+from workers.wiring.control import send_relaunch
 
 log = logging.getLogger(__name__)
 
@@ -158,14 +159,7 @@ class Fleet:
 
     def relaunch(self, node: str, profile: LaunchProfile) -> None:
         """Ask ``node`` to restart its engine with ``profile`` (Celery remote control)."""
-        replies = self.app.control.broadcast(
-            "fleet_relaunch",
-            arguments={"profile": profile.model_dump()},
-            destination=[node],
-            reply=True,
-            timeout=30,
-        )
-        answer = next((r[node] for r in replies or [] if node in r), None)
+        answer = send_relaunch(self.app, node, profile.model_dump(), timeout_s=30)
         if not answer or not answer.get("ok"):
             raise TuneError(f"{node} did not accept profile {profile.name}: {answer}")
         log.info("%s relaunching with profile %s", node, profile.name)

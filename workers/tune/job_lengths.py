@@ -107,7 +107,7 @@ def job_section(r: redis.Redis, node: str | None,
         out["max_new_tokens"] = spec.sampling.max_new_tokens
         out["batch_size"] = spec.batch_size
         if spec.expected_samples != spec.total:
-            # Each sample is a running request of its own (workers/batch_runner.py).
+            # Each sample is a running request of its own (workers/batch/runner.py).
             out["samples_per_prompt"] = round(spec.expected_samples / max(spec.total, 1), 4)
     if counts["completed"] and counts["output_tokens"]:
         out.update(completed=counts["completed"],
@@ -135,8 +135,8 @@ def running_job_section(settings: Settings, r: redis.Redis,
     except redis.RedisError:
         return None
     if section is not None and section.get("batch_size"):
-        # What a worker can have in flight at most: its batches' prompts (workers/celery_app.py),
-        # each sample of a prompt a running request of its own.
+        # What a worker can have in flight at most: its batches' prompts
+        # (workers/wiring/celery_app.py), each sample of a prompt a running request of its own.
         samples = float(section.get("samples_per_prompt") or 1.0)
         section["worker_prompts_max"] = math.ceil(
             settings.batches_per_gpu * int(section["batch_size"]) * samples)

@@ -12,7 +12,7 @@ For a running cap (the levers of ``model_runner_kv_cache_mixin.py``'s arithmetic
 - a higher ``--mem-fraction-static`` where NVML shows memory that is really free.
 
 Every option is the relaunch arithmetic's prediction for its flags, so what SGLang refuses by
-rule (``server_args.known_refusals``: e.g. ``extra_buffer`` on the Mamba-2 hybrids Falcon-H1,
+rule (``launch_refusals.known_refusals``: e.g. ``extra_buffer`` on the Mamba-2 hybrids Falcon-H1,
 Nemotron-H and Granite-4.0-H through 0.5.13) is never proposed; for those the scheduler strategy
 stays ``no_buffer`` (R = 3), and the levers are more slots, no radix cache (R = 1, overlap back
 on) and the bf16 SSM state (Granite's config dtype is not read, only the flag).
@@ -77,7 +77,7 @@ class Situation:
         Prefill's share of the processed tokens times the hit rate: per token prefill is cheaper
         than decode, so this overstates the cost (it never makes the lever look better). With N
         samples per prompt the prompt is prefilled once and served from the cache N times
-        (workers/batch_runner.py); without the cache it is prefilled N times, so the prefill
+        (workers/batch/runner.py); without the cache it is prefilled N times, so the prefill
         already counted is repeated N - 1 times more, whatever hit rate was measured.
         """
         share = 1.0 if self.prefill_share is None else self.prefill_share
@@ -243,7 +243,7 @@ def running_cap_options(model: MemoryModel, sit: Situation) -> list[Option]:
 
 def _why_not(model: MemoryModel, flags: FlagMap) -> str:
     """``does not fit``, or SGLang's rule when it would refuse the flags outright (a Mamba-2
-    hybrid under ``extra_buffer`` on 0.5.10-0.5.13, server_args.known_refusals)."""
+    hybrid under ``extra_buffer`` on 0.5.10-0.5.13, launch_refusals.known_refusals)."""
     try:
         model.predict(flags)
     except DoesNotFit as exc:

@@ -155,19 +155,23 @@ def _or_config(measured: float, config: float, tolerance: float) -> float:
     return config if config and abs(measured - config) <= tolerance else measured
 
 
-def _per_slot(log: LogFacts, cap: int | None, draft: int) -> tuple[float, float] | None:
-    """(ssm, conv) bytes per Mamba state, from the Mamba allocation line."""
+def _per_slot(
+    log: LogFacts, cap: int | None, draft: int, share: float = 1.0
+) -> tuple[float, float] | None:
+    """(ssm, conv) bytes per Mamba state, from the Mamba allocation line; ``share`` is the
+    intermediate conv window's size over the dense one (``capacity.conv_window_share``)."""
     mamba = log.mamba
     if mamba is None:
         return None
-    states = mamba.slots + 1
+    states = conv_states = mamba.slots + 1
     ssm, conv = mamba.ssm_gib, mamba.conv_gib
     if mamba.intermediate_ssm_gib is not None and cap and draft:
         inter = (cap + 1) * draft
         ssm += mamba.intermediate_ssm_gib
         conv += mamba.intermediate_conv_gib or 0.0
         states += inter
-    return ssm * GIB / states, conv * GIB / states
+        conv_states += inter * share
+    return ssm * GIB / states, conv * GIB / conv_states
 
 
 def _calibrate_mamba(
@@ -175,7 +179,7 @@ def _calibrate_mamba(
 ) -> ModelShape:
     cap = log.scheduler.max_running_requests if log.scheduler else None
     draft = capacity.num_draft_tokens(flags)
-    found = _per_slot(log, cap, draft)
+    found = _per_slot(log, cap, draft, capacity.conv_window_share(shape, flags))
     if found is None:
         return shape
     ssm, conv = (x * flags.tp_size for x in found)

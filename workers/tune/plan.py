@@ -47,7 +47,7 @@ def plan(
     if profile.client_concurrency and profile.client_concurrency < running:
         running, bound = profile.client_concurrency, "client_concurrency"
     per_gpu = throughput.tok_s(running)
-    # One engine per tp-size GPUs (a GPU group, workers/gpu_group.py): the cap and tok/s
+    # One engine per tp-size GPUs (a GPU group, workers/node/gpu_group.py): the cap and tok/s
     # above are one engine's, so the job runs on gpus / tp engines.
     tp = model.engine_flags(profile.flags).tp_size
     engines = max(job.gpus // tp, 1)

@@ -59,7 +59,7 @@ class Target:
     base_url: str
     log_path: Path
     timeout_s: float = 5.0
-    # Every GPU of the engine's group (workers/gpu_group.py); () means (gpu,).
+    # Every GPU of the engine's group (workers/node/gpu_group.py); () means (gpu,).
     gpus: tuple[int, ...] = ()
 
 

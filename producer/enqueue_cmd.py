@@ -1,0 +1,179 @@
+"""``fleet enqueue``: its flags (:class:`EnqueueOptions`) and the run that reads the input,
+checks it (producer/refusals.py), stages and enqueues it (producer/enqueue.py).
+
+The typer command is :func:`enqueue_command`; producer/cli.py registers it wrapped in its
+one-line error handling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import typer
+
+INPUT_HELP = ("Prompts: a .jsonl[.gz] (prompt / messages / OpenAI-batch lines) or .parquet "
+              "file, a folder of them, s3://bucket/key or s3://bucket/prefix/ of parts, or "
+              "another fsspec URL (its filesystem package installed)")
+
+
+@dataclass
+class EnqueueOptions:
+    """Every flag of ``enqueue`` (see ``fleet enqueue --help``)."""
+
+    input: str
+    job: str
+    batch_size: int | None = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    sampling: list[str] | None = None
+    chat: bool = False
+    system_prompt: str | None = None
+    chat_template_kwargs: str | None = None
+    drop_unsupported: bool = False
+    prompt_column: str = "prompt"
+    messages_column: str = "messages"
+    id_column: str = "id"
+    reuse_from: str | None = None
+    allow_node_local_store: bool = False
+    samples: int | None = None
+    keep_columns: str | None = None
+    quality: list[str] | None = None
+    allow_quarantine: bool = False
+
+
+def enqueue_command(
+    input: str = typer.Argument(..., help=INPUT_HELP),
+    job: str = typer.Option(..., "--job", help="Job name; re-run with the same name to resume"),
+    batch_size: int = typer.Option(None, "--batch-size", min=1,
+                                   help="Prompts per batch, fixed per job (default: "
+                                   "FLEET_BATCH_SIZE's 500 or 4 x the live GPUs' in-flight "
+                                   "budget, cut so every live GPU gets 2+ batches)"),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
+                                       help="Ceiling on generated tokens per prompt: a row's "
+                                       "own max_tokens applies only when it is lower "
+                                       "(requeue-failed --max-new-tokens lifts it)"),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
+    top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
+    sampling: list[str] = typer.Option(None, "--sampling", metavar="KEY=VALUE",
+                                       help="Any SGLang sampling parameter, repeatable "
+                                       "(top_k=20, min_p=0, stop='[\"END\"]'); values are "
+                                       "JSON when they parse; OpenAI names (seed, max_tokens) "
+                                       "are mapped. A row's own parameters override these"),
+    chat: bool = typer.Option(False, "--chat", help="Send plain prompts as one user message "
+                              "through the chat template instead of raw /generate text"),
+    system_prompt: str = typer.Option(None, "--system-prompt", help="System message for chat "
+                                      "requests that have none of their own (implies --chat)"),
+    chat_template_kwargs: str = typer.Option(None, "--chat-template-kwargs", metavar="JSON",
+                                             help="e.g. '{\"enable_thinking\": false}' "
+                                             "(implies --chat; a row's own keys win)"),
+    drop_unsupported: bool = typer.Option(False, "--drop-unsupported-sampling",
+                                          help="Drop row parameters the engine would refuse "
+                                          "(counted in the job record) instead of refusing "
+                                          "the input"),
+    prompt_column: str = typer.Option("prompt", "--prompt-column", help="Column of prompts"),
+    messages_column: str = typer.Option("messages", "--messages-column",
+                                        help="Column of chat messages"),
+    id_column: str = typer.Option("id", "--id-column", help="Column of row ids"),
+    reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
+                                   "(same prompt, sampling and profile) instead of regenerating"),
+    allow_node_local_store: bool = typer.Option(
+        False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
+        "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
+    samples: int = typer.Option(None, "--samples", metavar="N",
+                                help="Samples per prompt (a row's own OpenAI n wins; same as "
+                                "--sampling n=N); each is stored once, with its number in "
+                                "the column 'sample'"),
+    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B",
+                                     help="Input columns carried into the data set and every "
+                                     "export ('*': every column the fleet does not read)"),
+    quality: list[str] = typer.Option(None, "--quality", metavar="KEY=VALUE",
+                                      help="A quality gate of the job, repeatable (near_empty=1%%"
+                                      ", truncated=5%%, near_empty_tokens=10; docs/output.md)"),
+    allow_quarantine: bool = typer.Option(False, "--allow-quarantine",
+                                          help="Enqueue even when more rows are quarantined at "
+                                          "staging than the failed_or_quarantined gate allows"),
+) -> None:
+    """Stage INPUT in the store and enqueue every batch that is not stored and has no
+    message and no live run (re-run it to resume or repair a job)."""
+    names = [f.name for f in fields(EnqueueOptions)]
+    values = locals()
+    run_enqueue(EnqueueOptions(**{n: values[n] for n in names}))
+
+
+def run_enqueue(o: EnqueueOptions) -> None:
+    """Read, check, stage and enqueue the input ``o`` names; print what was done."""
+    import redis
+    from rich.console import Console
+
+    from config.settings import load_settings
+    from producer import render
+    from producer.enqueue import JobInput
+    from producer.enqueue import enqueue as enqueue_job
+    from producer.keep import KeepColumns, parse_keep
+    from producer.options import dropped_note, job_quality, job_sampling, resumed_sampling
+    from producer.readers import ReadOptions, read_rows
+    from producer.reuse import reuse_hook
+    from workers import app
+    from workers.dataset.jobs import check_job_name, load_spec
+    from workers.dataset.location import check_not_repointed, locate, require_off_node
+    from workers.dataset.store import open_store
+    from workers.delivery import batch_size as batch_size_rule
+    from workers.delivery.sink_requests import trigger_if_complete
+    from workers.errors import JobError
+
+    settings = load_settings()
+    quality = job_quality(settings.quality, o.quality)
+    require_off_node(locate(settings.store_url, settings.s3.endpoint_url),
+                     o.allow_node_local_store or settings.allow_node_local_store)
+    store = open_store(settings.store_url, settings.s3)
+    r = redis.Redis.from_url(settings.redis_url.get_secret_value())
+    err = Console(stderr=True, highlight=False)
+    check_job_name(o.job)
+    check_not_repointed(r, o.job, store.url)
+    if "profile" in settings.model_fields_set:  # FLEET_PROFILE on enqueue: the job needs it
+        _record_profile(r, o.job, settings.profile)
+    spec_sampling = resumed_sampling(store, o.job, job_sampling(
+        o.max_new_tokens, o.temperature, o.top_p, o.sampling, o.chat, o.system_prompt,
+        o.chat_template_kwargs, o.drop_unsupported, o.samples))
+    opts = ReadOptions(o.prompt_column, o.messages_column, o.id_column, spec_sampling.chat,
+                       spec_sampling.drop_unsupported, spec_sampling.params,
+                       samples=spec_sampling.samples, temperature=spec_sampling.temperature)
+    keep_columns = o.keep_columns
+    if keep_columns is None:  # a re-run reads the input as the job was created
+        try:
+            keep_columns = load_spec(store, o.job).keep_arg
+        except JobError:
+            keep_columns = None
+    if (kept := parse_keep(keep_columns)) is not None:
+        opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
+    rows = read_rows(o.input, opts, settings.s3)
+    with render.enqueue_progress(err) as on_batch:
+        hook, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
+        job = JobInput(o.input, o.job, o.batch_size or None, spec_sampling, rows,
+                       dropped_keys=opts.dropped, keep=opts.keep, quality=quality,
+                       allow_quarantine=o.allow_quarantine)
+        report = enqueue_job(store, r, app, job, on_batch, default_batch_size=settings.batch_size,
+                             before_reconcile=hook,
+                             choose_size=batch_size_rule.chooser(r, settings))
+    render.enqueue_summary(err, report)
+    if note := dropped_note(report.spec.dropped_keys):
+        err.print(note, soft_wrap=True)
+    if reused:
+        err.print(reused[0].summary(), soft_wrap=True)
+    trigger_if_complete(r, app, report.spec, settings)
+
+
+def _record_profile(r: Any, job: str, name: str) -> None:
+    """Record the launch profile FLEET_PROFILE names as the one the job needs (its parsers);
+    a worker whose engine runs other parsers hands its batches back (docs/recipes.md)."""
+    from config.launch_profile import ProfileError, load_profile
+    from workers.delivery import jobstate
+    from workers.errors import JobError
+
+    try:
+        wanted = load_profile(name)
+    except ProfileError as exc:
+        raise JobError(f"FLEET_PROFILE: {exc}") from None
+    jobstate.record_profile(r, job, wanted.name, wanted.output_flags())

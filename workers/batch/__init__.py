@@ -1,0 +1,1 @@
+"""One batch run: the runner that drives the engine at full concurrency and its parts."""

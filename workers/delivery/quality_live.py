@@ -1,0 +1,103 @@
+"""The early quality warning of a running job: a live tally of its rows in Redis.
+
+Each batch run folds the rows it answers into a :class:`LiveFold` (the per-row figures of
+:mod:`workers.dataset.quality`: near-empty, missing reasoning, leftover markers, truncated,
+failed, quarantined) and adds it to the job's hash (``Keys.quality``) with each progress flush
+(workers/delivery/progress.py), a few seconds after the rows are answered. Once the tally
+holds ``FLEET_QUALITY_EARLY_ROWS`` rows (200 by default), a gate it breaks is a warning:
+``status`` shows it, Prometheus has ``fleet_job_quality_gate_failing`` and the worker that sees
+it first logs one line per gate. Figures across rows (identical answers, all-equal samples)
+are the sink's only. The tally is a warning, not the verdict: a redelivered batch may count a
+row twice; the sink's figures over the data set decide.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from workers.dataset.jobs import JobSpec
+from workers.dataset.quality import EXAMPLES, QualityTally, job_options
+from workers.dataset.quality_gates import evaluate, gate_line, thresholds
+from workers.delivery.jobstate import Keys
+
+log = logging.getLogger(__name__)
+
+PER_ROW = ("near_empty", "no_reasoning", "markers", "truncated", "failed", "quarantined")
+_OF = {"near_empty": "answered", "no_reasoning": "thinking", "markers": "thinking"}
+
+
+class LiveFold:
+    """The per-row figures of the rows answered since the last :meth:`drain`."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        limits = thresholds(spec.quality)
+        self._options = job_options(spec, int(limits["near_empty_tokens"]))
+        self._tally = self._new()
+
+    def _new(self) -> QualityTally:
+        return QualityTally(self._options)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Fold one answered (or failed) row."""
+        self._tally.add(row)
+
+    def drain(self) -> QualityTally | None:
+        """The tally so far (None when empty), and start a new one."""
+        tally, self._tally = self._tally, self._new()
+        return tally if tally.rows else None
+
+
+async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows: int) -> None:
+    """Add ``tally`` to the job's live hash; log each gate the first time it fails."""
+    key = Keys(spec.name).quality
+    async with r.pipeline(transaction=False) as pipe:
+        pipe.hincrby(key, "rows", tally.rows)
+        pipe.hincrby(key, "answered", tally.answered)
+        pipe.hincrby(key, "thinking", tally.thinking)
+        for name in PER_ROW:
+            fig = tally.figures[name]
+            if fig.count:
+                pipe.hincrby(key, name, fig.count)
+                pipe.rpush(f"{key}:ex:{name}", *fig.examples)
+                pipe.ltrim(f"{key}:ex:{name}", 0, EXAMPLES - 1)
+        await pipe.execute()
+    live = _live(await r.hgetall(key), {}, spec, early_rows)
+    for gate in live["failed"]:
+        if await r.hsetnx(key, f"warned:{gate['gate']}", 1):
+            log.warning("quality warning: job %s, first %d rows: %s", spec.name, live["rows"],
+                        gate_line(gate))
+
+
+def _live(raw: dict[bytes, bytes], examples: dict[str, list[str]], spec: JobSpec,
+          early_rows: int) -> dict[str, Any]:
+    counts = {k.decode(): int(v) for k, v in raw.items() if not k.startswith(b"warned:")}
+    rows = counts.get("rows", 0)
+    figures = {}
+    for name in (*PER_ROW, "failed_or_quarantined"):
+        n = (counts.get("failed", 0) + counts.get("quarantined", 0)
+             if name == "failed_or_quarantined" else counts.get(name, 0))
+        of = counts.get(_OF.get(name, "rows"), 0)
+        ex = examples.get(name) or (examples.get("failed", []) + examples.get("quarantined", [])
+                                    if name == "failed_or_quarantined" else [])
+        figures[name] = {"count": n, "of": of, "share": round(n / of, 6) if of else 0.0,
+                         "examples": ex[:EXAMPLES]}
+    failed = evaluate({"figures": figures}, thresholds(spec.quality)) if rows >= early_rows else []
+    return {"rows": rows, "early_rows": early_rows, "figures": figures, "failed": failed,
+            "warning": "; ".join(gate_line(g) for g in failed) or None}
+
+
+def read_live(r: redis.Redis, spec: JobSpec, early_rows: int) -> dict[str, Any]:
+    """The job's live tally: its figures, and the gates it breaks once it holds
+    ``early_rows`` rows (``warning``: them in words, None while none fails)."""
+    key = Keys(spec.name).quality
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(key)
+    for name in PER_ROW:
+        pipe.lrange(f"{key}:ex:{name}", 0, EXAMPLES - 1)
+    raw, *ex = pipe.execute()
+    examples = {name: [x.decode() for x in got] for name, got in zip(PER_ROW, ex, strict=True)}
+    return _live(raw, examples, spec, early_rows)

@@ -1,0 +1,1 @@
+"""Who this worker is: its GPU group, its context and its heartbeat."""

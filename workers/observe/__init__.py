@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, engine gauges and the events Flower shows."""
