@@ -22,6 +22,10 @@ start time, effective cap, tokens/s from the engines' own ``/metrics``, occupanc
   after the job's first request (the worker restarts it; ``verify`` must still be exact);
 - after the workers' warm shutdown, the GPUs' used memory (nvidia-smi) shows whether the
   engines gave their memory back;
+- ``--request-shapes TOKENS``: on GPU 0's engine, ``cap`` requests of TOKENS tokens per shape
+  (the fleet's chat body, with /health or /v1/loads probed beside it, /generate with the
+  template applied once, chat with stop strings), the engine's decode rate at its cap from its
+  own log (``bench/request_shapes.py``); summary key ``request_shapes``;
 - ``--anchor``: then SGLang's own ``python -m sglang.bench_offline_throughput`` runs on GPU 0
   with the same launch flags, the main job's rows' lengths and the same sampling
   (``bench/sglang_anchor.py`` says how the rows reach it); summary key ``sglang_offline``
@@ -238,6 +242,15 @@ def phases(fleet: Fleet, args: argparse.Namespace, gpus: int, stamp: str,
 
     summary["rows"] = rows_summary(prompts, args.sigma)
     ordered_jobs(fleet, args, stamp, summary, result, urls, caps, prompts, during)
+    if args.request_shapes > 0:
+        from bench.request_shapes import measure
+
+        profile = load_profile(args.profile)
+        model = str(profile.flag("tokenizer-path") or profile.flag("model-path"))
+        summary["request_shapes"] = measure(urls[0], caps[0],
+                                            fleet.workdir / "logs" / "engine-gpu0.log", model,
+                                            args.request_shapes)
+        result.write_text(json.dumps(summary, indent=2) + "\n")
     if args.samples_vs_copies:  # issue 27: N samples vs the rows written N times
         from bench.samples import compare
 
@@ -314,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="issue 27: P prompts with --samples N vs the same rows written N "
                     "times (bench/samples.py), on these engines")
     ap.add_argument("--samples", type=int, default=8, help="N of --samples-vs-copies")
+    ap.add_argument("--request-shapes", type=int, default=0, metavar="TOKENS",
+                    help="after the jobs, what the chat route, /generate, stop strings and "
+                         "probes cost the engine's step (bench/request_shapes.py), on GPU 0")
     ap.add_argument("--start-timeout-s", type=float, default=600.0)
     ap.add_argument("--job-timeout-s", type=float, default=1800.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))

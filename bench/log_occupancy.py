@@ -72,8 +72,13 @@ def occupancy(lines: list[SchedLine], cap: int) -> dict[str, Any]:
     decode = [x.running for x in lines if x.kind == "Decode"]
     if not decode or cap <= 0:
         return {"occupancy": None, "decode_lines": len(decode)}
+    # While requests wait at the engine, every empty slot is the engine's own churn (a
+    # finished request's slot refilled only after the next prefill forward), not the client's.
+    queued = [x.running for x in lines if x.kind == "Decode" and x.queued > 0]
     return {"occupancy": round(sum(decode) / len(decode) / cap, 3),
             "decode_lines": len(decode), "mean_running": round(sum(decode) / len(decode), 1),
+            "occupancy_while_queued": round(sum(queued) / len(queued) / cap, 3)
+            if queued else None,
             "seconds": round(lines[-1].at - lines[0].at, 1)}
 
 

@@ -202,8 +202,8 @@ def run_anchor(profile: LaunchProfile, rows: Sequence[dict[str, Any]], max_new: 
                                 start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):  # KeyboardInterrupt: the
+            pass  # check's time limit (SIGINT); what the CLI wrote is still read below
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -212,7 +212,10 @@ def run_anchor(profile: LaunchProfile, rows: Sequence[dict[str, Any]], max_new: 
                            "dataset": {**dataset, "format": "sharegpt (local file)"},
                            "sampling": sampling or "SGLang's defaults",
                            "wall_s": round(time.monotonic() - t0, 1), "rc": rc}
-    if rc != 0 or not result.exists():
+    if rc is None and result.exists():
+        # The CLI wrote its figures, then did not exit in time (its engine's shutdown).
+        out["note"] = "killed after it wrote its result"
+    elif rc != 0 or not result.exists():
         out["error"] = ("timed out" if rc is None else f"exit {rc}") + ": " + \
             log_path.read_text(errors="replace")[-1500:]
         return out

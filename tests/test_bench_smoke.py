@@ -135,3 +135,27 @@ def test_tail_model_schedules_every_prompt_once_and_stealing_never_loses() -> No
     end, occupancy = plain(durs, gpus=2)
     assert lower <= end and 0.9 < occupancy <= 1.0
     assert lower < fleet(durs, sizes, 2, steal=True) <= fleet(durs, sizes, 2)
+
+
+def test_request_shapes_run_on_a_live_engine_and_read_its_decode_lines(tmp_path: Path) -> None:
+    # The shapes the GPU check compares (bench/request_shapes.py), each answered in full by a
+    # simulated engine and measured from the engine's own decode lines at its cap.
+    from bench.request_shapes import measure
+    from config.launch_profile import load_profile
+    from tests.simproc import launch
+
+    sim = launch(tmp_path, load_profile("qwen36-27b").to_argv(),
+                 {"SGLANG_ENABLE_SPEC_V2": "1", "FLEET_SIM_SPEED": "8",
+                  "FLEET_SIM_CALIBRATION": "h200-dummy"})
+    sim.wait_ready()
+    try:
+        got = measure(sim.url, 40, sim.log_path, str(ROOT / "tests/fixtures/tokenizer"), 300,
+                      shapes=("chat", "generate", "chat+stop"))
+    finally:
+        sim.stop()
+    assert [r["shape"] for r in got["runs"]] == ["chat", "generate", "chat+stop",
+                                                 "chat+stop", "generate", "chat"]
+    assert all(r["answered"] == 40 and r["failed"] == 0 for r in got["runs"])
+    assert all(r["decode_lines_at_cap"] > 0 for r in got["runs"])
+    assert got["vs_chat"]["chat"] == 1.0 and set(got["vs_chat"]) == {"chat", "generate",
+                                                                      "chat+stop"}

@@ -212,6 +212,7 @@ def test_occupancy_from_the_schedulers_running_request_lines(tmp_path: Path) -> 
         "[2026-12-01 21:05:31] Decode batch, #running-req: 10, #queue-req: 0\n")
     got = log_occupancy.anchor_run(log, 40)
     assert got["decode_lines"] == 3 and got["occupancy"] == 0.75 and got["seconds"] == 8.0
+    assert got["occupancy_while_queued"] == 1.0  # the two lines with rows waiting
     lines = log_occupancy.read(log)
     t0 = lines[0].at
     assert log_occupancy.occupancy(log_occupancy.window(lines, t0 + 3, t0 + 5), 40)[

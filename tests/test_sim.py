@@ -583,3 +583,15 @@ def test_admission_is_optimistic_and_a_full_pool_retracts(start) -> None:
     log = sim.log()
     # Only a batch admitted beyond what the pool holds at full length can run short.
     assert "KV cache pool is full. Retract requests. #retracted_reqs: " in log
+
+
+def test_input_ids_that_are_not_token_ids_are_a_400(start) -> None:
+    # Real SGLang 0.5.11 answered 400 to input_ids given as strings (a tokenizer's
+    # BatchEncoding listed as its keys), H200, 2026-12-03.
+    argv, env = profile_argv("qwen36-27b")
+    sim = start(argv, {**env, "FLEET_SIM_SPEED": "1000"})
+    bad = sim.post("/generate", {"input_ids": ["input_ids", "attention_mask"],
+                                 "sampling_params": {"max_new_tokens": 4}})
+    assert bad.status_code == 400
+    assert sim.post("/generate", {"input_ids": [11, 12, 13],
+                                  "sampling_params": {"max_new_tokens": 4}}).status_code == 200

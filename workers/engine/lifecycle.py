@@ -258,6 +258,7 @@ class Engine:
         self.spec = spec
         self.state = EngineState.STOPPED
         self.restarts = 0
+        self.probes = 0  # GET /health probes sent (each one a generation on SGLang)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.RLock()
 
@@ -304,6 +305,7 @@ class Engine:
 
     def probe(self, timeout_s: float = 20.0) -> bool:
         """One health probe (GET /health, which runs a 1-token generation on SGLang)."""
+        self.probes += 1
         try:
             resp = httpx.get(f"{self.spec.base_url}/health", timeout=timeout_s)
         except httpx.HTTPError:

@@ -37,10 +37,18 @@ def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, str, Any]], boo
     if isinstance(text, list):
         return [(count_text_tokens(str(t)), str(t), str(t), None) for t in text], True
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        return [(len(x), "", str(x), x) for x in ids], True
+        return [(len(x), "", str(x), _token_ids(x)) for x in ids], True
     if isinstance(ids, list) and ids:
-        return [(len(ids), "", str(ids), ids)], False
+        return [(len(ids), "", str(ids), _token_ids(ids))], False
     raise ValueError("Either text or input_ids should be provided.")
+
+
+def _token_ids(ids: list[Any]) -> list[int]:
+    """The ids as sent; anything but integers is a 400, as real SGLang 0.5.11 answered a body
+    whose ``input_ids`` were strings (H200, 2026-12-03)."""
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError("input_ids must be a list of token ids (integers).")
+    return ids
 
 
 def build_generate(state: SimState, body: dict[str, Any]) -> tuple[list[SimRequest], bool]:

@@ -178,6 +178,9 @@ class WorkerRuntime:
             self._restart("engine process exited")
         elif self.stall.stalled(self.engine.spec.base_url):
             self._restart(f"no token progress for {self.settings.engine_stall_timeout_s:.0f} s")
+        elif self.stall.serving:  # tokens moved since the last check: no probe needed
+            self._failed_probes = 0
+            self.gate.open("engine")
         elif not self.engine.probe(self.settings.engine_probe_timeout_s):
             self._failed_probes += 1
             self.gate.close("engine")
@@ -225,6 +228,7 @@ class WorkerRuntime:
             "port": self.me.port, "engine": self.settings.engine,
             "engine_state": self.engine.state.value,
             "engine_pid": self.engine.pid, "engine_restarts": self.engine.restarts,
+            "health_probes": self.engine.probes,
             "profile": self.engine.spec.profile.name,
             "launch_digest": launch_digest(self.engine.spec.profile),
             "output_flags": self.engine.spec.profile.output_flags(),
