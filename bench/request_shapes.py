@@ -12,8 +12,9 @@ Each shape sends ``cap`` requests at once, all of exactly ``tokens`` new tokens 
 dummy weights rarely sample EOS anyway) with the model's own sampling, so every step of the
 phase runs the same batch. Its figure is the engine's own: the mean ``gen throughput`` of the
 scheduler's ``Decode batch`` lines with every slot running, the phase's first line left out
-(``bench/log_occupancy.py`` reads the same lines), so client-side time cannot leak in. Shapes run in one order and then in the
-reverse one, so an engine that speeds up over its first minutes favours none.
+(``bench/log_occupancy.py`` reads the same lines), so client-side time cannot leak in.
+Shapes run in one order and then in the reverse one, so an engine that speeds up over its
+first minutes favours none.
 
     python -m bench.request_shapes --url http://127.0.0.1:30000 --cap 40 \\
         --log logs/engine-gpu0.log --model /path/to/model --tokens 240
