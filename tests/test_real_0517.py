@@ -27,13 +27,16 @@ def _json(name: str) -> dict:
     return json.loads(text[text.index("{"):])
 
 
-@pytest.mark.parametrize("stage", ["llama8b", "big80_unhealthy"])
+@pytest.mark.parametrize("stage", ["llama8b", "big80_unhealthy", "falcon_h1_7b"])
 def test_every_start_up_line_is_read_in_its_0_5_17_format(stage: str) -> None:
     text = (REAL / stage / "server.log").read_text()
     log = parse_log(text)
     assert log.unread == [] and log.kv_tokens and log.weights_gib
     # "KV Cache is allocated. dtype: torch.bfloat16, #tokens: …" (0.5.13 on)
     assert TRAITS.kv_line_dtype and "KV Cache is allocated. dtype: torch.bfloat16" in text
+    if "--disable-cuda-graph" in (REAL / stage / "argv.txt").read_text().split():
+        assert "CUDA graph begin" not in text  # Falcon-H1: no graph captured, none logged
+        return
     # named graph lines ("Capture target … CUDA graph begin. backend=…"), no "Capture cuda graph bs"
     assert TRAITS.graph_line == "named" and not TRAITS.graph_bs_line
     assert re.search(r"Capture target \w+ CUDA graph begin\. backend=\w+", text)

@@ -310,3 +310,23 @@ def test_0_5_17_sizes_the_pools_after_the_draft_loaded() -> None:
     # and 0.5.17's one request (+1) and padding slot more: (16 + 1) * 4 states and 80 + 1 slots
     gone = QWEN36.draft_load_gib * GIB + (4 + 1) * per
     assert t16 - t17 == pytest.approx(gone / cell, abs=2)
+
+
+@pytest.mark.parametrize("version", KNOWN)
+@pytest.mark.parametrize("shape", [DENSE, QWEN36], ids=["dense", "qwen36"])
+def test_disable_cuda_graph_drops_the_decode_graph_reserve_from_0_5_17(version, shape) -> None:
+    """``reserve_for_graph_mb`` (0.5.17) adds the decode graphs' ``cuda_graph_max_bs * 2`` MiB
+    only while the decode backend is on, and ``--disable-cuda-graph`` turns both phases off;
+    through 0.5.16 ``_handle_gpu_memory_settings`` always added it. The real 0.5.17 engine gave
+    Falcon-H1-7B under ``--disable-cuda-graph`` ``mem_fraction_static=0.91`` where the always-on
+    term makes 0.907 (tests/test_real_pools.py)."""
+    base = {**CTX, "disable-piecewise-cuda-graph": True}
+    on = EngineFlags.from_flags(base, ENV, version=version)
+    off = EngineFlags.from_flags({**base, "disable-cuda-graph": True}, ENV, version=version)
+    chunk, graph_bs, _ = server_args.derived_defaults(H200_MIB, on, shape)
+    kept = server_args.reserved_mib(chunk, graph_bs, on, H200_MIB, shape)
+    dropped = server_args.reserved_mib(chunk, graph_bs, off, H200_MIB, shape)
+    assert dropped >= 10240  # above the reserve's floor: the difference is the term itself
+    assert kept - dropped == (graph_bs * 2 if since(version, "0.5.17") else 0)
+    plan = capacity.plan_capacity(shape, off, H200_MIB)
+    assert (plan.cuda_graph_gib == 0) == since(version, "0.5.17")

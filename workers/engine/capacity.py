@@ -45,7 +45,7 @@ from workers.engine.mamba_pool import (  # noqa: F401  (re-exported for callers)
     mamba_bytes_per_slot,
     ssm_bytes_per_slot,
 )
-from workers.engine.mem_reserve import tokenizer_gpu_mib
+from workers.engine.mem_reserve import decode_graph_reserve_mib, tokenizer_gpu_mib
 from workers.engine.model_config import ModelConfigError, ModelShape, model_shape  # noqa: F401
 from workers.engine.server_args import (  # noqa: F401  (re-exported for callers)
     DEFAULT_MAX_PREFILL_TOKENS,
@@ -289,7 +289,9 @@ def plan_capacity(
     memory = _memory_map(shape, flags, total_gib, pre, (slots, cap, tokens, fraction))
     allocated = shape.pre_load_gib + draft_loaded_gib(shape, flags) + sum(memory[k] for k in (
         "weights", "mamba", "mamba_intermediate", "kv", "unexplained"))
-    _check_draft_fits(shape, flags, pre - allocated, graph_bs * 2 / MIB_PER_GIB, tokens)
+    graph_gib = decode_graph_reserve_mib(flags, graph_bs,
+                                         found.graph_reserve_by_phase) / MIB_PER_GIB
+    _check_draft_fits(shape, flags, pre - allocated, graph_gib, tokens)
     max_req_len = min(context_len - 1, tokens - 1)
     return CapacityPlan(
         max_running_requests=cap,
@@ -307,7 +309,7 @@ def plan_capacity(
         max_prefill_tokens=flags.max_prefill_tokens,
         overlap_schedule=overlap_schedule(flags, shape.hybrid),
         num_draft_tokens=num_draft_tokens(flags),
-        cuda_graph_gib=graph_bs * 2 / MIB_PER_GIB,
+        cuda_graph_gib=graph_gib,
         free_before_weights_gib=pre,
         sglang_version=flags.sglang_version,
     )

@@ -87,6 +87,8 @@ class EngineFlags:
     enable_spec_v2: bool = True
     page_size: int = 1
     disable_piecewise_cuda_graph: bool = False
+    # --disable-cuda-graph: no decode graphs (and, from 0.5.17, no prefill graphs either).
+    disable_cuda_graph: bool = False
     enforce_piecewise_cuda_graph: bool = False
     enable_torch_compile: bool = False
     piecewise_cuda_graph_max_tokens: int | None = None
@@ -172,6 +174,7 @@ _CONVERTERS: dict[str, Callable[[object], object]] = {
     "enable_spec_v2": _to_bool,
     "page_size": _to_int,
     "disable_piecewise_cuda_graph": _to_bool,
+    "disable_cuda_graph": _to_bool,
     "enforce_piecewise_cuda_graph": _to_bool,
     "enable_torch_compile": _to_bool,
     "piecewise_cuda_graph_max_tokens": _to_int,

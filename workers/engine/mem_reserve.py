@@ -72,8 +72,8 @@ def breakable_prefill_graphs(flags: EngineFlags, shape: ModelShape | None) -> bo
     listed architectures and torch.compile; breakable
     (``_disable_breakable_cudagraph_if_incompatible``) drops MLA other than DSA, Nemotron-H
     and multimodal architectures not on its list."""
-    if flags.disable_piecewise_cuda_graph:
-        return False
+    if flags.disable_piecewise_cuda_graph or flags.disable_cuda_graph:
+        return False  # _resolve_cuda_graph_config: --disable-cuda-graph turns off both phases
     if flags.enforce_piecewise_cuda_graph or shape is None:
         return True
     if shape.multimodal and shape.architecture in MM_PIECEWISE_ARCHS:
@@ -97,3 +97,13 @@ def tokenizer_gpu_mib(flags: EngineFlags, shape: ModelShape, pool_mib: int) -> f
     if not pool_mib or not shape.multimodal or flags.mm_feature_transport == "cpu":
         return 0.0
     return pool_mib + PROCESS_CONTEXT_MIB
+
+
+def decode_graph_reserve_mib(flags: EngineFlags, graph_bs: int, by_phase: bool) -> float:
+    """The decode graphs' share of the reserve: ``cuda_graph_max_bs * 2`` MiB, always through
+    0.5.16 (``_handle_gpu_memory_settings``); from 0.5.17 (``by_phase``,
+    ``reserve_for_graph_mb``) only while the decode backend is on, which
+    ``--disable-cuda-graph`` turns off."""
+    if by_phase and flags.disable_cuda_graph:
+        return 0.0
+    return graph_bs * 2.0

@@ -37,7 +37,10 @@ How :mod:`workers.engine.capacity` uses the arithmetic traits (names as in :clas
   sized, so the KV budget pays for them; ``prefill_graph_rule``: which prefill CUDA graphs a
   model keeps (``"piecewise"``: off for multimodal and the listed architectures; ``"breakable"``:
   per backend, :mod:`workers.engine.mem_reserve`); ``mm_ipc_pool_mib``: the tokenizer's CUDA-IPC
-  feature pool a multimodal model gets on GPU 0 before ``pre`` is measured.
+  feature pool a multimodal model gets on GPU 0 before ``pre`` is measured;
+  ``graph_reserve_by_phase``: the reserve counts a phase's graphs only while that phase
+  captures them, so ``--disable-cuda-graph`` (both phases off) drops the decode term
+  ``cuda_graph_max_bs * 2`` that earlier releases always added.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class Traits:
     mm_kv_reserve_mib: int = 0
     draft_before_pools: bool = False
     prefill_graph_rule: str = "piecewise"  # "piecewise" | "breakable"
+    graph_reserve_by_phase: bool = False  # no decode-graph reserve under --disable-cuda-graph
     mm_ipc_pool_mib: int = 0
     conv_window_dedup: bool = False  # one D + K - 2 conv window per request (log line only)
     skip_decode_lock_env: bool = False  # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 lowers R by 1
@@ -175,6 +179,8 @@ CHANGES: tuple[Change, ...] = (
            "managers/scheduler.py::Scheduler.init_memory_pools (after the draft worker loads)"),
     Change("0.5.17", "prefill_graph_rule", "breakable",
            "server_args.py::_apply_cuda_graph_compatibility, reserve_for_graph_mb"),
+    Change("0.5.17", "graph_reserve_by_phase", True,
+           "server_args.py::reserve_for_graph_mb (decode max_bs * 2 only if its backend is on)"),
     Change("0.5.17", "mm_ipc_pool_mib", 1024,
            "server_args.py::_handle_multimodal_feature_transport (SGLANG_MM_FEATURE_CACHE_MB)"),
     Change("0.5.17", "conv_window_dedup", True,
@@ -215,7 +221,8 @@ _PINS: dict[str, tuple[str, str, str, str]] = {
 ARITHMETIC = ("kv_configurator", "spec_v2_default", "spec_v2_env", "explicit_cap_rule",
               "mamba_auto_strategy", "spec_reservation", "mamba_pool_padding",
               "lazy_extra_buffer", "mm_kv_reserve_mib", "skip_decode_lock_env",
-              "draft_before_pools", "prefill_graph_rule", "mm_ipc_pool_mib",
+              "draft_before_pools", "prefill_graph_rule", "graph_reserve_by_phase",
+              "mm_ipc_pool_mib",
               "mem_fraction_spec_reserve_mib", "small_gpu_defaults")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?")
 

@@ -22,6 +22,7 @@ from workers.engine.engine_flags import (  # noqa: F401  (re-exported for caller
 )
 from workers.engine.mem_reserve import (  # noqa: F401  (vlm_mem_factor: re-exported)
     breakable_prefill_graphs,
+    decode_graph_reserve_mib,
     piecewise_prefill_graphs,
     piecewise_token_sizes,
     vlm_mem_factor,
@@ -173,7 +174,8 @@ def reserved_mib(
 ) -> float:
     """Memory kept out of the static pool (``server_args.py::_handle_gpu_memory_settings``)."""
     prefill = chunked_prefill_size if chunked_prefill_size > 0 else flags.max_prefill_tokens
-    reserved = 512 + max(prefill, 2048) * 1.5 + cuda_graph_max_bs * 2
+    reserved = 512 + max(prefill, 2048) * 1.5 + decode_graph_reserve_mib(
+        flags, cuda_graph_max_bs, release(flags).graph_reserve_by_phase)
     reserved += flags.tp_size / 8 * 1024  # tp * pp / 8 * 1024 with pp = 1
     if piecewise_cuda_graph(flags, shape):
         if shape is not None and shape.mla:
