@@ -173,23 +173,43 @@ def engine_busy(http: httpx.Client, urls: list[str], caps: list[int]) -> tuple[f
     return running / sum(caps), waiting
 
 
-class LoadSampler:
-    """A thread that samples the engines' busy slots as ``JobWatch`` does, for a client that is
-    not the fleet (a plain client is watched the same way, so both carry the same probes)."""
+class Poller:
+    """A daemon thread that calls :meth:`tick` every ``interval_s`` with one HTTP client, from
+    the ``with`` block's entry to its exit (samplers and probes beside a load)."""
 
-    def __init__(self, urls: list[str], caps: list[int], interval_s: float) -> None:
-        self.urls, self.caps, self.interval_s = urls, list(caps), interval_s
-        self.samples: list[float] = []
+    def __init__(self, interval_s: float, timeout_s: float = 10.0, name: str = "poller") -> None:
+        self.interval_s, self.timeout_s = interval_s, timeout_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-    def __enter__(self) -> LoadSampler:
+    def __enter__(self) -> Poller:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=self.timeout_s + 5)
+
+    def tick(self, http: httpx.Client) -> None:
+        """One look (overridden)."""
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=self.timeout_s) as http:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                self.tick(http)
+                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))
+
+
+class LoadSampler(Poller):
+    """A thread that samples the engines' busy slots as ``JobWatch`` does, for a client that is
+    not the fleet (a plain client is watched the same way, so both carry the same probes)."""
+
+    def __init__(self, urls: list[str], caps: list[int], interval_s: float) -> None:
+        super().__init__(interval_s, name="load-sampler")
+        self.urls, self.caps = urls, list(caps)
+        self.samples: list[float] = []
 
     def occupancy(self) -> float:
         """Mean busy-slot fraction from the first busy sample on."""
@@ -197,12 +217,8 @@ class LoadSampler:
         window = self.samples[first:]
         return sum(window) / len(window) if window else 0.0
 
-    def _loop(self) -> None:
-        with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                self.samples.append(engine_busy(http, self.urls, self.caps)[0])
-                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))
+    def tick(self, http: httpx.Client) -> None:
+        self.samples.append(engine_busy(http, self.urls, self.caps)[0])
 
 
 class JobWatch:

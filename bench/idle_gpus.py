@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import orjson
@@ -43,7 +42,7 @@ from bench.common import (
     verdict,
     write_chat_prompts,
 )
-from bench.engines import parse_counter
+from bench.engines import Poller, parse_counter
 from bench.jobrun import run_job
 from bench.scaling import speed_for
 from config.settings import load_settings
@@ -63,24 +62,13 @@ class EngineSample:
     seen: int  # requests finished, running or waiting, all engines
 
 
-@dataclass
-class IdleWatch:
+class IdleWatch(Poller):
     """A thread sampling every engine's running, waiting and finished requests."""
 
-    urls: list[str]
-    samples: list[EngineSample] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="idle-watch", daemon=True)
-
-    def __enter__(self) -> IdleWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__(SAMPLE_S, name="idle-watch")
+        self.urls = urls
+        self.samples: list[EngineSample] = []
 
     def _look(self, http: httpx.Client) -> EngineSample:
         running, waiting, finished = [], [], 0.0
@@ -93,15 +81,11 @@ class IdleWatch:
         return EngineSample(time.monotonic(), tuple(running), tuple(waiting),
                             int(finished) + sum(running) + sum(waiting))
 
-    def _loop(self) -> None:
-        with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
-                start = time.monotonic()
-                try:
-                    self.samples.append(self._look(http))
-                except httpx.HTTPError:
-                    pass  # an engine restarting: no sample rather than a false idle
-                self._stop.wait(max(0.0, SAMPLE_S - (time.monotonic() - start)))
+    def tick(self, http: httpx.Client) -> None:
+        try:
+            self.samples.append(self._look(http))
+        except httpx.HTTPError:
+            pass  # an engine restarting: no sample rather than a false idle
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ import asyncio
 import json
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.engines import Poller
 from bench.plain_client import Connection
 from bench.sglang_anchor import model_sampling
 
@@ -98,30 +98,19 @@ async def _send(url: str, path: bytes, bodies_: list[bytes]) -> tuple[int, int]:
     return sum(got), len(got) - sum(got)
 
 
-class Prober:
+class Prober(Poller):
     """GET ``path`` every ``interval_s`` on its own thread, as a monitor beside the load does."""
 
     def __init__(self, url: str, path: str, interval_s: float) -> None:
-        self.url, self.path, self.interval_s, self.sent = url, path, interval_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        super().__init__(interval_s, timeout_s=25.0, name="prober")
+        self.url, self.path, self.sent = url, path, 0
 
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        with httpx.Client(timeout=25) as http:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    http.get(self.url + self.path)
-                except httpx.HTTPError:
-                    pass
-                self.sent += 1
+    def tick(self, http: httpx.Client) -> None:
+        try:
+            http.get(self.url + self.path)
+        except httpx.HTTPError:
+            pass
+        self.sent += 1
 
 
 def run_shape(url: str, cap: int, log: Path, shape: str, tokens: int, sampling: dict[str, Any],
