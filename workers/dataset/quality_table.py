@@ -62,12 +62,12 @@ def _marked(values: Any) -> Any:
                 chunk.offset:chunk.offset + n + 1]
             data = chunk.buffers()[2]
             lo, hi = int(offsets[0]), int(offsets[-1])
-            raw = data.to_pybytes()[lo:hi] if data is not None else b""
-            pos = raw.find(b"<")
+            raw = data.to_pybytes() if data is not None else b""  # one copy; find takes bounds
+            pos = raw.find(b"<", lo, hi)
             while pos >= 0:
-                if raw.startswith((b"<think>", b"</think>"), pos):
-                    flags[np.searchsorted(offsets, lo + pos, side="right") - 1] = True
-                pos = raw.find(b"<", pos + 1)
+                if raw.startswith((b"<think>", b"</think>"), pos, hi):
+                    flags[np.searchsorted(offsets, pos, side="right") - 1] = True
+                pos = raw.find(b"<", pos + 1, hi)
         out.append(pa.array(flags))
     return pa.chunked_array(out, type=pa.bool_())
 
