@@ -89,3 +89,36 @@ def test_two_workers_share_a_job_of_two_batches(fleet_env, make_workers, tmp_pat
     t.join()
     # Each GPU ran a batch (a worker taking both at once left the other GPU idle).
     assert all(any(s[i] for s in samples) for i in range(2))
+
+
+class _Qos:
+    """kombu's QoS as the hold moves it (value, increment/decrement_eventually)."""
+
+    def __init__(self) -> None:
+        self.value = 1
+
+    def increment_eventually(self, n: int) -> None:
+        self.value += n
+
+    def decrement_eventually(self, n: int) -> None:
+        self.value -= n
+
+
+def test_a_worker_running_its_last_rows_with_room_asks_for_another_gpus_rows(r):
+    # The job-end split's ask (workers/wiring/hold_step.py) runs whenever the hold has room
+    # for more than the worker holds: not only once it holds nothing, but also while its own
+    # batch is fully sent and its last rows leave free slots (docs/delivery.md).
+    from workers.delivery.hold import ElasticHold
+
+    asks: list[int] = []
+    held: list[frozenset[str]] = [frozenset({"m1"})]
+    hold = ElasticHold(r, "gpu0@t", _Qos, lambda: held[0], 4, lambda: asks.append(1))
+    key = jobstate.in_flight_key("gpu0@t")
+    now = time.time()
+    r.hset(key, "j/0", _c("j/0", 40, 40, budget=51, at=now).encode())  # 11 slots free
+    assert hold.tick() == 2 and asks == [1]
+    r.hset(key, "j/0", _c("j/0", 60, 51, budget=51, at=now).encode())  # rows still to send
+    assert hold.tick() == 1 and asks == [1]
+    held[0] = frozenset()
+    r.delete(key)
+    assert hold.tick() == 1 and asks == [1, 1]  # holding nothing: asks, as before

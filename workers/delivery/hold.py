@@ -71,7 +71,9 @@ class ElasticHold:
                  held: Callable[[], frozenset[str]], max_held: int,
                  idle: Callable[[], None] | None = None) -> None:
         self.redis, self.key, self.max_held = client, jobstate.in_flight_key(node), max_held
-        self._idle = idle  # called at each tick while the worker holds nothing
+        # Called at each tick while the worker has room for more than it holds (nothing held,
+        # or the batches held have nothing left to send and leave the GPU's budget room).
+        self._idle = idle
         self._qos = qos  # the consumer's current QoS (a new one after a reconnect)
         self._held = held  # the batches the worker holds now (reserved, not finished): ids
         self._stop = threading.Event()
@@ -109,7 +111,7 @@ class ElasticHold:
         want = wanted(decode_all(raw), time.time(), self.max_held, len(held))
         self.state = (held, want)
         apply(qos, want)
-        if not held and self._idle is not None:
+        if want > len(held) and self._idle is not None:  # room for more than it holds
             try:
                 self._idle()
             except redis.RedisError:

@@ -74,8 +74,11 @@ def held_batches() -> frozenset[str]:
 
 class SplitAsker:
     """At the job's end, asks for another GPU's unsent rows (workers/delivery/split.py): when
-    this worker holds nothing, the queues it reads are empty and its engine is healthy, it sends
-    itself a take task for the batch with the most unsent rows."""
+    this worker has room (it holds nothing, or its batches have nothing left to send and leave
+    the GPU's in-flight budget room: the hold would take another batch), the queues it reads
+    are empty and its engine is healthy, it sends itself a take task for the batch with the
+    most unsent rows. So a GPU running its own batch's last rows fills its free slots with
+    another GPU's unsent ones instead of waiting to run dry."""
 
     def __init__(self, app: Any, client: redis.Redis, queues: list[str], min_rows: int) -> None:
         self.app, self.redis, self.queues, self.min_rows = app, client, queues, min_rows
