@@ -30,6 +30,7 @@ LINE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (?P<kind>D
                   r"batch[.,].*?#running-req: (?P<running>\d+)")
 QUEUE = re.compile(r"#queue-req: (\d+)")
 NEW_SEQ = re.compile(r"#new-seq: (\d+)")
+GEN_TOK_S = re.compile(r"gen throughput \(token/s\): ([\d.]+)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class SchedLine:
     running: int  # the batch's running requests (a prefill: those running before it)
     queued: int
     new_seq: int = 0
+    gen_tok_s: float | None = None  # a decode line's rate over the steps since the last one
 
 
 def parse(lines: Iterable[str]) -> list[SchedLine]:
@@ -52,9 +54,10 @@ def parse(lines: Iterable[str]) -> list[SchedLine]:
             continue
         q = QUEUE.search(line)
         n = NEW_SEQ.search(line)
+        g = GEN_TOK_S.search(line)
         out.append(SchedLine(time.mktime(time.strptime(m["ts"], "%Y-%m-%d %H:%M:%S")),
                              m["kind"], int(m["running"]), int(q[1]) if q else 0,
-                             int(n[1]) if n else 0))
+                             int(n[1]) if n else 0, float(g[1]) if g else None))
     return out
 
 

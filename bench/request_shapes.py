@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench import log_occupancy
 from bench.engines import Poller
 from bench.plain_client import Connection
 from bench.sglang_anchor import model_sampling
@@ -45,22 +45,13 @@ SHAPES = ("chat", "chat+health", "chat+loads", "generate", "chat+stop")
 PROBES = {"chat+health": ("/health", 2.0), "chat+loads": ("/v1/loads", 0.5)}
 # Strings a chat template's turn ends could be written as, where stop token ids would do.
 STOP_STRINGS = ["<|im_end|>", "<|endoftext|>", "\n\nUser:"]
-DECODE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] Decode batch.*?"
-                    r"#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 PROMPT = "Write a long story about a lighthouse keeper and the sea, chapter {i}."
 
 
 def decode_lines(log: Path, start: float, end: float) -> list[tuple[int, float]]:
     """(running, gen tok/s) of the decode lines stamped strictly inside (start, end)."""
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        m = DECODE.search(line)
-        if m is None:
-            continue
-        at = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S"))
-        if start < at < end:
-            out.append((int(m[2]), float(m[3])))
-    return out
+    return [(x.running, x.gen_tok_s) for x in log_occupancy.read(log)
+            if x.kind == "Decode" and x.gen_tok_s is not None and start < x.at < end]
 
 
 def bodies(shape: str, n: int, tokens: int, sampling: dict[str, Any],
