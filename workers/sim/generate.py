@@ -44,8 +44,11 @@ def _prompts(body: dict[str, Any]) -> tuple[list[tuple[int, str, str, Any]], boo
 
 
 def _token_ids(ids: list[Any]) -> list[int]:
-    """The ids as sent; anything but integers is a 400, as real SGLang 0.5.11 answered a body
-    whose ``input_ids`` were strings (H200, 2026-12-03)."""
+    """The ids as sent; anything but integers is a 400. Real SGLang 0.5.11 answered 400 to a
+    body whose ``input_ids`` were strings (H200, 2026-12-03): ``GenerateReqInput.
+    _determine_batch_size`` takes a list whose first entry is not an int for a batch, whose
+    entries must then be lists of ids. A list that starts with an int and holds a string
+    further on is refused here too, stricter than SGLang (which fails it later)."""
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError("input_ids must be a list of token ids (integers).")
     return ids
