@@ -36,8 +36,15 @@ def _ephemeral_low(default: int = 32768) -> int:
         return default
 
 
+# Blocks this process has handed out: none is bound until its servers start, so a second draw
+# could otherwise return the same free block (a test's engine and metrics ports once did; the
+# worker's health probe then reached its own metrics exporter).
+_HANDED_OUT: list[range] = []
+
+
 def free_port_block(n: int) -> int:
-    """First port of ``n`` consecutive free ports (for engine ports base+0 .. base+n-1).
+    """First port of ``n`` consecutive free ports (for engine ports base+0 .. base+n-1), never
+    overlapping a block this process handed out before.
 
     Drawn below the kernel's ephemeral range: a port free when it is checked there can be
     given to any process's outgoing connection before the engine binds it (a test engine
@@ -47,12 +54,16 @@ def free_port_block(n: int) -> int:
     top = max(_ephemeral_low() - n, 12000)
     for _ in range(200):
         base = random.randrange(10000, top, 10)
+        block = range(base, base + n)
+        if any(block.start < b.stop and b.start < block.stop for b in _HANDED_OUT):
+            continue
         try:
             socks = []
             for p in range(base, base + n):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", p))
+            _HANDED_OUT.append(block)
             return base
         except OSError:
             continue
