@@ -272,6 +272,9 @@ class JobWatch:
 
     def _loop(self) -> None:
         tl = self.timeline
+        # Read before the job's first request: the engines are idle between two runs of a
+        # check, so this is the counter at the job's start if no sample sees a request running.
+        decode_at_watch = self._decode_tokens()
         while not self._stop.is_set():
             now = time.monotonic()
             busy, waiting = self._busy()
@@ -288,8 +291,14 @@ class JobWatch:
             if done >= self.n_batches:
                 tl.t_done = time.monotonic()
                 tl.decode_at_done = self._decode_tokens()
-                last = self.r.hget(jobstate.Keys(self.job).job, "last_row_at")
+                first, last = self.r.hmget(jobstate.Keys(self.job).job,
+                                           ["first_taken_at", "last_row_at"])
                 if last:
                     tl.t_last_row = min(tl.t_done, tl.t_done - (time.time() - float(last)))
+                if tl.t_first is None and first:
+                    # A job quicker than one sample: no sample saw it running, so its window
+                    # starts at its own first-taken time, with the counter read before it.
+                    tl.t_first = tl.t_done - (time.time() - float(first))
+                    tl.decode_at_start = decode_at_watch
                 return
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - now)))

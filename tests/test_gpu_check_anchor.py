@@ -183,7 +183,11 @@ def test_gpu_check_on_the_simulator_orders_the_plain_client_around_the_fleet(
     s = json.loads(path.read_text())
     assert [p["in_flight"] for p in s["plain_before"]] == [96] == [p["in_flight"]
                                                                  for p in s["plain"]]
-    assert all(p["completed"] == 30 and p["fleet_ratio"] for p in s["plain_before"] + s["plain"])
+    # Jobs this small end within a sample or two of the watcher: their decode rate comes from
+    # the job's own first-taken time when no sample saw a request running.
+    assert s["job"]["decode_tok_s"] and s["fixed_job"]["decode_tok_s"], (s["job"], s["fixed_job"])
+    assert all(p["completed"] == 30 and p["fleet_ratio"]
+               for p in s["plain_before"] + s["plain"]), (s["plain_before"], s["plain"])
     [order] = s["fleet_vs_plain"]
     assert order["mean"] == round((order["before"] + order["after"]) / 2, 3)
     assert s["rows"]["prompts"] == 30 and s["rows"]["sigma"] == 0.8
