@@ -37,7 +37,7 @@ from workers.sim.pacing import (
     step_seconds,
     steps_due,
 )
-from workers.sim.radix import PrefixCache
+from workers.sim.radix import PrefixCache, mamba_slots_held
 from workers.sim.records import EngineConfig, Interval, Observer, SimRequest, Snapshot
 
 __all__ = ["EngineConfig", "Interval", "Observer", "SimEngine", "SimRequest", "Snapshot",
@@ -68,9 +68,13 @@ class SimEngine:
         self._interval_start = time.monotonic()
         self._steps = 1  # decode steps run by the current pass
         self._prefill_s = 0.0  # real seconds the last admission round's prefill costs
-        # (newcomers, until): the last round's requests are not in the running batch until
-        # their prefill forward has run (see snapshot)
+        self._pass = 0  # scheduler passes run (a pass: decode steps, then an admission round)
+        # (newcomers, until): the round's requests join the running batch when the pass that
+        # admitted them has run, its decode steps and their prefill (see snapshot)
         self._prefilling: tuple[int, float] = (0, 0.0)
+        # (pass, request): finished requests that still hold their slot until that pass
+        # (see _decode_step)
+        self._freeing: list[tuple[int, SimRequest]] = []
         self.cache = PrefixCache(config.cache_mode, config.max_total_num_tokens)
 
     # --- public API -----------------------------------------------------------------------
@@ -111,18 +115,20 @@ class SimEngine:
         """Current usage, computed in O(running)."""
         cfg = self.config
         used = sum(r.input_len + r.generated for r in self.running)
-        mamba_num = min(sum(self._mamba_slots(r) for r in self.running),
+        strategy = cfg.cache_mode.hybrid_strategy
+        mamba_num = min(sum(mamba_slots_held(cfg.mamba_ratio, strategy, cfg.mamba_cache_chunk,
+                                             r.input_len) for r in self.running),
                         cfg.max_mamba_cache_size) if cfg.mamba_ratio else 0
         slots = max(cfg.max_mamba_cache_size, 1)
-        # SGLang runs a round's prefill as a forward of its own and merges those requests
-        # into the running batch in the next iteration (``Scheduler.get_next_batch_to_run``
-        # merges ``last_batch`` before it builds the next batch), so while that prefill runs
-        # the running batch (what ``/v1/loads`` and the logs count) does not hold them: a
-        # finished request's slot stays empty for one prefill forward.
+        # SGLang runs a round's prefill as a forward of its own, after the decode step it was
+        # decided beside, and merges those requests into the running batch in the next
+        # iteration (``Scheduler.get_next_batch_to_run`` merges ``last_batch`` before it
+        # builds the next batch): until then the running batch (what ``/v1/loads`` and the
+        # logs count) does not hold them. Finished requests it still holds are counted.
         newcomers, until = self._prefilling
         prefilling = newcomers if time.monotonic() < until else 0
         return Snapshot(
-            running=len(self.running) - prefilling,
+            running=len(self.running) + len(self._freeing) - prefilling,
             queued=len(self.waiting),
             used_tokens=used,
             full_usage=used / cfg.max_total_num_tokens,
@@ -132,25 +138,6 @@ class SimEngine:
             total_tokens=cfg.max_total_num_tokens,
             new_token_ratio=self.ratio.value,
         )
-
-    def _mamba_slots(self, req: SimRequest) -> int:
-        """Mamba slots a running request holds (what "mamba num" counts: used, not evictable).
-
-        Its own state (``HybridReqToTokenPool.alloc``), plus under extra_buffer the ping-pong
-        track buffers (2 with overlap, 1 without: R - 3 of them), plus, with the radix cache,
-        the prompt's state forked into the tree and locked while the request runs
-        (``MambaRadixCache.cache_unfinished_req``): always under no_buffer, and under
-        extra_buffer only when the prompt reached ``mamba_cache_chunk_size``
-        (``ScheduleBatch`` tracks a prefill of >= max(FLA_CHUNK_SIZE 64, page size) tokens).
-        Real 0.5.11 on an H200 (extra_buffer + MTP, R = 5): 3 per request with 22-55 token
-        prompts, 4 with 250-8,184 (docs/simulator.md).
-        """
-        ratio = self.config.mamba_ratio
-        if ratio <= 1:
-            return 1  # no radix cache
-        if self.config.cache_mode.hybrid_strategy != "extra_buffer":
-            return ratio - 1
-        return ratio - 2 + (1 if req.input_len >= self.config.mamba_cache_chunk else 0)
 
     def avg_accept_length(self) -> float:
         """Lifetime accept length (tokens per request-step)."""
@@ -170,7 +157,8 @@ class SimEngine:
 
     def _has_work(self) -> bool:
         """Whether a step would make progress."""
-        return self.active > 0 or (bool(self.waiting) and self._fits(self.waiting[0], 0.0))
+        return (self.active > 0 or bool(self._freeing)
+                or (bool(self.waiting) and self._fits(self.waiting[0], 0.0)))
 
     def _budgeted(self) -> float:
         """Output tokens the running requests are budgeted for (remaining x ratio)."""
@@ -180,7 +168,7 @@ class SimEngine:
         """Whether ``req`` can be admitted now: the running cap and ``PrefillAdder.add_one_req``
         (0.5.11), which charges a newcomer its prompt, its whole clipped output budget and a
         page, refused when that is ``>=`` the pool less what is held and ``budgeted``."""
-        if len(self.running) >= self.config.max_running_requests:
+        if len(self.running) + len(self._freeing) >= self.config.max_running_requests:
             return False
         need = newcomer_tokens(req.held, req.remaining)
         return need < self.config.max_total_num_tokens - self.kv_used - budgeted
@@ -235,7 +223,7 @@ class SimEngine:
             cal = self.config.calibration
             self._prefill_s = cal.prefill_s(new_tokens, squares) / self.config.speed
             newcomers = max(0, len(self.running) - running_before)  # those still running
-            self._prefilling = (newcomers, time.monotonic() + self._prefill_s)
+            self._prefilling = (newcomers, math.inf)  # until the pass's end (_pace)
             self.observer.on_step(0, new_tokens, cached)
             snap = self.snapshot()
             self.observer.on_prefill(new_reqs, new_tokens, cached, running_before, snap)
@@ -269,7 +257,18 @@ class SimEngine:
         return steps_due(self._next_at, self._step_seconds(), self.running, self.accept_len)
 
     def _decode_step(self) -> None:
-        """Advance every running request by ``k`` steps of the accept length (O(running))."""
+        """Advance every running request by ``k`` steps of the accept length (O(running)).
+
+        A request that finishes here keeps its slot for the next pass's admission round, and
+        under the overlap scheduler for one pass more. ``get_new_batch_prefill`` counts
+        ``len(running_batch.reqs)``, which still holds it until ``update_running_batch``
+        filters it while building the next decode batch; ``event_loop_overlap`` processes a
+        batch's results only once the next batch has been launched, so that batch still
+        carries it (0.5.11 ``scheduler.py``).
+        """
+        self._pass += 1
+        if self._freeing:
+            self._freeing = [(p, r) for p, r in self._freeing if p > self._pass]
         if not self.active:
             self._steps = 1
             return
@@ -293,6 +292,8 @@ class SimEngine:
                 done = True
         self._account(produced, req_steps, steps)  # logs see the batch that ran, as SGLang's
         if done:
+            free_at = self._pass + 1 + self.config.overlap_schedule
+            self._freeing += [(free_at, r) for r in self.running if r.finish_reason is not None]
             self.running = [r for r in self.running if r.finish_reason is None]
 
     def _make_room(self, steps: int) -> None:
@@ -361,6 +362,8 @@ class SimEngine:
         """Sleep until the next step is due (step time divided by FLEET_SIM_SPEED)."""
         self._next_at += self._steps * self._step_seconds() + self._prefill_s
         self._prefill_s = 0.0
+        if self._prefilling[1] == math.inf:
+            self._prefilling = (self._prefilling[0], self._next_at)
         self._next_at = await sleep_until(self._next_at)
 
     # --- finishing --------------------------------------------------------------------------

@@ -29,6 +29,27 @@ BLOCK_TOKENS = 16
 BLOCK_CHARS = BLOCK_TOKENS * 4
 
 
+def mamba_slots_held(ratio: int, hybrid_strategy: str | None, chunk: int, input_len: int
+                     ) -> int:
+    """Mamba slots a running request holds (what "mamba num" counts: used, not evictable),
+    for a pool of ``ratio`` slots per request (R) and a prompt of ``input_len`` tokens.
+
+    Its own state (``HybridReqToTokenPool.alloc``), plus under extra_buffer the ping-pong
+    track buffers (2 with overlap, 1 without: R - 3 of them), plus, with the radix cache,
+    the prompt's state forked into the tree and locked while the request runs
+    (``MambaRadixCache.cache_unfinished_req``): always under no_buffer, and under
+    extra_buffer only when the prompt reached ``chunk`` (``mamba_cache_chunk_size``:
+    ``ScheduleBatch`` tracks a prefill of >= max(FLA_CHUNK_SIZE 64, page size) tokens).
+    Real 0.5.11 on an H200 (extra_buffer + MTP, R = 5): 3 per request with 22-55 token
+    prompts, 4 with 250-8,184 (docs/simulator.md).
+    """
+    if ratio <= 1:
+        return 1  # no radix cache
+    if hybrid_strategy != "extra_buffer":
+        return ratio - 1
+    return ratio - 2 + (1 if input_len >= chunk else 0)
+
+
 def prefix_keys(text: str = "", ids: Sequence[int] | None = None) -> tuple[int, ...]:
     """Chained hash keys of a prompt's whole blocks (text, or token ids when given)."""
     chunks: list[object]

@@ -83,6 +83,7 @@ class EngineConfig:
     schedule_conservativeness: float = 1.0
     calibration: Calibration = B200_WORKLOAD  # step and prefill times (FLEET_SIM_CALIBRATION)
     mamba_cache_chunk: int = 64  # ServerArgs.mamba_cache_chunk_size: max(FLA chunk 64, page)
+    overlap_schedule: bool = False  # Scheduler.event_loop_overlap (else event_loop_normal)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ def build_state(args: argparse.Namespace, sim: SimSettings) -> SimState:
         schedule_conservativeness=args.schedule_conservativeness,
         calibration=cal,
         mamba_cache_chunk=max(64, args.page_size or 1),
+        overlap_schedule=plan.overlap_schedule,
     )
     return SimState(
         args=args,
