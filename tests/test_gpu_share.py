@@ -112,7 +112,10 @@ def test_two_batches_on_a_gpu_keep_one_budget_in_flight_and_overlap_tails(
     assert any(len(c) == 2 for c in sampler.claims)
     assert any(len(c) == 2 and all(x["in_flight"] for x in c) for c in sampler.claims)
     # Without the shared budget each batch keeps 6 out and the engine holds 12 most of the time.
-    over = sum(t > budget for t in sampler.engine)
+    # A finished request stays in the engine's running batch until the scheduler filters it,
+    # one or two iterations after its answer went out (docs/simulator.md), while its slot's
+    # next request already waits: the engine counts up to two of those on top of the budget.
+    over = sum(t > budget + 2 for t in sampler.engine)
     assert len(sampler.engine) > 50
     assert over <= 0.05 * len(sampler.engine), sorted(sampler.engine)[-20:]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -338,7 +339,11 @@ def test_the_h200_simulator_decodes_at_the_real_rate(tmp_path: Path, capture: st
                                                                    rel=0.15)
         at_cap = [b for b in mine.decode_lines() if b.number("#running-req") == running]
         assert {b.fields["cuda graph"] for b in at_cap} == {True}
-        assert {b.number("mamba num") for b in at_cap} == {4 * running}  # as in the capture
+        # 4 slots per request, as in the capture. Under the overlap scheduler a decode batch
+        # can still carry requests that finished the step before (SGLang logs len(batch.reqs)
+        # after their slots were freed), so such a line shows fewer: never more.
+        mamba = Counter(b.number("mamba num") for b in at_cap)
+        assert mamba.most_common(1)[0][0] == 4 * running and max(mamba) == 4 * running, mamba
         _same_line_formats(real, mine)
         loads = sim.get("/v1/loads").json()["loads"][0]
         assert loads["max_running_requests"] == running

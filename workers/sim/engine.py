@@ -72,7 +72,7 @@ class SimEngine:
         # (newcomers, until): the round's requests join the running batch when the pass that
         # admitted them has run, its decode steps and their prefill (see snapshot)
         self._prefilling: tuple[int, float] = (0, 0.0)
-        # (pass, request): finished requests that still hold their slot until that pass
+        # (pass, request): finished requests that hold their slot until that pass begins
         # (see _decode_step)
         self._freeing: list[tuple[int, SimRequest]] = []
         self.cache = PrefixCache(config.cache_mode, config.max_total_num_tokens)
@@ -259,8 +259,8 @@ class SimEngine:
     def _decode_step(self) -> None:
         """Advance every running request by ``k`` steps of the accept length (O(running)).
 
-        A request that finishes here keeps its slot for the next pass's admission round, and
-        under the overlap scheduler for one pass more. ``get_new_batch_prefill`` counts
+        A request that finishes here keeps its slot through this pass's admission round, and
+        under the overlap scheduler through the next pass's too. ``get_new_batch_prefill`` counts
         ``len(running_batch.reqs)``, which still holds it until ``update_running_batch``
         filters it while building the next decode batch; ``event_loop_overlap`` processes a
         batch's results only once the next batch has been launched, so that batch still
