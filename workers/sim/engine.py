@@ -72,8 +72,7 @@ class SimEngine:
         # (newcomers, until): the round's requests join the running batch when the pass that
         # admitted them has run, its decode steps and their prefill (see snapshot)
         self._prefilling: tuple[int, float] = (0, 0.0)
-        # (pass, request): finished requests that hold their slot until that pass begins
-        # (see _decode_step)
+        # (pass, request): finished requests holding their slot until that pass (_decode_step)
         self._freeing: list[tuple[int, SimRequest]] = []
         self.cache = PrefixCache(config.cache_mode, config.max_total_num_tokens)
 
@@ -120,15 +119,13 @@ class SimEngine:
                                              r.input_len) for r in self.running),
                         cfg.max_mamba_cache_size) if cfg.mamba_ratio else 0
         slots = max(cfg.max_mamba_cache_size, 1)
-        # SGLang runs a round's prefill as a forward of its own, after the decode step it was
-        # decided beside, and merges those requests into the running batch in the next
-        # iteration (``Scheduler.get_next_batch_to_run`` merges ``last_batch`` before it
-        # builds the next batch): until then the running batch (what ``/v1/loads`` and the
-        # logs count) does not hold them. Finished requests it still holds are counted.
+        # A round's prefill is a forward of its own, after the pass's decode steps; its requests
+        # join the running batch at the next iteration (``get_next_batch_to_run`` merges
+        # ``last_batch`` first), so until then ``/v1/loads`` and the logs do not count them.
         newcomers, until = self._prefilling
         prefilling = newcomers if time.monotonic() < until else 0
         return Snapshot(
-            running=len(self.running) + len(self._freeing) - prefilling,
+            running=self._batch_size() - prefilling,
             queued=len(self.waiting),
             used_tokens=used,
             full_usage=used / cfg.max_total_num_tokens,
@@ -138,6 +135,10 @@ class SimEngine:
             total_tokens=cfg.max_total_num_tokens,
             new_token_ratio=self.ratio.value,
         )
+
+    def _batch_size(self) -> int:
+        """``len(running_batch.reqs)`` (``get_new_batch_prefill``, ``get_loads``)."""
+        return len(self.running) + len(self._freeing)
 
     def avg_accept_length(self) -> float:
         """Lifetime accept length (tokens per request-step)."""
@@ -168,7 +169,7 @@ class SimEngine:
         """Whether ``req`` can be admitted now: the running cap and ``PrefillAdder.add_one_req``
         (0.5.11), which charges a newcomer its prompt, its whole clipped output budget and a
         page, refused when that is ``>=`` the pool less what is held and ``budgeted``."""
-        if len(self.running) + len(self._freeing) >= self.config.max_running_requests:
+        if self._batch_size() >= self.config.max_running_requests:
             return False
         need = newcomer_tokens(req.held, req.remaining)
         return need < self.config.max_total_num_tokens - self.kv_used - budgeted
