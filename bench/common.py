@@ -32,6 +32,7 @@ from producer.localfleet import (
     free_port_block,
     start_redis,
     start_worker,
+    stop_workers,
     wait_healthy,
 )
 
@@ -254,9 +255,8 @@ class Fleet:
         return new
 
     def stop_workers(self) -> None:
-        """Warm-stop every worker (and so its engine)."""
-        for w in self.workers:
-            w.stop(grace_s=20)
+        """Warm-stop every worker (and so its engine), all at once."""
+        stop_workers(self.workers, grace_s=20)
         self.workers = []
 
     def producer(self, *args: str, timeout_s: float = 600,

@@ -31,6 +31,7 @@ from producer.localfleet import (
     start_redis,
     start_worker,
     stop_process,
+    stop_workers,
     wait_healthy,
 )
 
@@ -124,8 +125,7 @@ def main() -> int:
         return code
     finally:
         stop_process(flower, grace_s=5)
-        for w in workers:
-            w.stop(grace_s=20)
+        stop_workers(workers, grace_s=20)
         if server:
             server.stop()
         console.print("stopped every process the demo started (Flower, the workers"

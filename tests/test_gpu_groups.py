@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from config.launch_profile import LaunchProfile, load_profile
-from producer.localfleet import WorkerProcess, wait_healthy
+from producer.localfleet import WorkerProcess, stop_workers, wait_healthy
 from tests.conftest import ROOT, run_producer, wait_done, write_prompts
 from tests.test_delivery import _rows, _verify, _wait_for
 from workers.delivery import jobstate
@@ -223,8 +223,7 @@ def start(fleet_env: dict[str, str], tmp_path: Path, r: redis.Redis
         return w
 
     yield make
-    for w in started:
-        w.stop(grace_s=20)
+    stop_workers(started, grace_s=20)
 
 
 def _refusal(env: dict[str, str], queue: str, node: str | None = None) -> str:

@@ -3,12 +3,10 @@ with ``stop`` are caught by ``status`` within the first 500 rows, and by ``verif
 
 from __future__ import annotations
 
-import time
-
 import orjson
 import pytest
 
-from tests.conftest import run_producer, wait_done, write_prompts
+from tests.conftest import follow_status, run_producer, wait_done, write_prompts
 
 
 def test_near_empty_answers_warn_early_and_fail_verify(fleet_env, make_workers, tmp_path, r):
@@ -17,12 +15,7 @@ def test_near_empty_answers_warn_early_and_fail_verify(fleet_env, make_workers, 
     prompts = write_prompts(tmp_path / "p.jsonl", 3000)
     res = run_producer(env, "enqueue", str(prompts), "--job", "seed", "--batch-size", "500")
     assert res.returncode == 0, res.stderr
-    deadline, st = time.monotonic() + 120, {}
-    while time.monotonic() < deadline:
-        st = orjson.loads(run_producer(env, "status", "--job", "seed", "--json").stdout)
-        if st["quality"]["warning"] or st["done"]:
-            break
-        time.sleep(0.3)
+    st = follow_status(env, "seed", lambda st: st["quality"]["warning"] or st["done"], 120)
     assert st["quality"]["warning"] and "near_empty" in st["quality"]["warning"], st["quality"]
     logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.log"))
     line = next(x for x in logs.splitlines() if "quality warning: job seed" in x)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import orjson
 import pytest
 
 from producer.cli import RET_JOB
-from tests.conftest import run_producer, wait_done, write_prompts
+from tests.conftest import follow_status, run_producer, wait_done, write_prompts
 from workers.dataset.location import locate
 
 
@@ -64,12 +62,7 @@ def test_a_worker_reads_the_jobs_own_store_and_says_when_it_cannot(
     store, hidden = tmp_path / "store", tmp_path / "store-away"
     store.rename(hidden)  # the job's store cannot be read for now
     make_workers([0], FLEET_STORE_URL=(tmp_path / "elsewhere").as_uri())
-    deadline, st = time.monotonic() + 60, {}
-    while time.monotonic() < deadline:
-        st = orjson.loads(run_producer(fleet_env, "status", "--job", "far", "--json").stdout)
-        if st["stalled"]:
-            break
-        time.sleep(0.5)
+    st = follow_status(fleet_env, "far", lambda st: st["stalled"], 60, "stalled note")
     assert st["stalled"] and "cannot read job far in " + store.as_uri() in st["stalled"][0], st
     table = run_producer(fleet_env, "status", "--job", "far")
     assert "stalled" in table.stdout and "cannot read job far" in table.stdout, table.stdout
@@ -89,12 +82,7 @@ def test_a_job_enqueued_for_a_tools_profile_waits_for_a_worker_that_runs_it(
     assert res.returncode == 0, res.stderr
     assert r.hget("fleet:job:tools", "profile") == b"qwen36-27b-tools"
     make_workers([0])  # the default profile: no tool-call parser
-    deadline, st = time.monotonic() + 60, {}
-    while time.monotonic() < deadline:
-        st = orjson.loads(run_producer(fleet_env, "status", "--job", "tools", "--json").stdout)
-        if st["stalled"]:
-            break
-        time.sleep(0.5)
+    st = follow_status(fleet_env, "tools", lambda st: st["stalled"], 60, "stalled note")
     assert st["stalled"] and "needs tool-call-parser qwen3_coder" in st["stalled"][0], st
     assert st["completed"] == 0 and st["failed"] == 0, st
     make_workers([1], FLEET_PROFILE="qwen36-27b-tools")

@@ -19,6 +19,7 @@ import redis
 
 from tests.chaos import actions, faults, invariants
 from tests.chaos.cluster import Cluster
+from tests.chaos.feed import StatusFeed
 from tests.chaos.schedule import MAIN, SIDE, TOO_LONG, Schedule, Shape, Step
 from tests.conftest import run_producer, write_prompts
 
@@ -180,37 +181,36 @@ def _status(cluster: Cluster, job: str) -> dict[str, Any] | None:
     return orjson.loads(res.stdout) if res.returncode == 0 else None
 
 
-def _progress(cluster: Cluster, job: str) -> tuple[Any, ...] | None:
-    """(done, completed, failed, done_batches) from ``status --json``; None if it failed."""
-    st = _status(cluster, job)
-    if st is None:
-        return None
-    return st["done"], st["completed"], st["failed"], st["done_batches"]
-
-
 def _wait_all_done(cluster: Cluster, jobs: list[str], shape: Shape, out: Outcome) -> list[str]:
-    """Poll until every job is done; a job whose counters stand still for ``stall_s`` (or that
-    is not done after ``done_timeout_s``) is given up on. Returns the jobs not done."""
+    """Follow every job's status until it is done; a job whose counters stand still for
+    ``stall_s`` (or that is not done after ``done_timeout_s``) is given up on. Returns the
+    jobs not done."""
     start = time.monotonic()
     last: dict[str, tuple[Any, ...] | None] = dict.fromkeys(jobs)
     moved = dict.fromkeys(jobs, start)
-    waiting = list(jobs)
-    while waiting:
-        now = time.monotonic()
-        for job in list(waiting):
-            seen = _progress(cluster, job)
-            if seen is not None and seen[0]:
-                waiting.remove(job)
-                continue
-            if seen != last[job]:
-                last[job], moved[job] = seen, now
-            if now - moved[job] > shape.stall_s or now - start > shape.done_timeout_s:
-                waiting.remove(job)
-                out.violations.append(
-                    f"{job}: not done after the remedy: no progress for {now - moved[job]:.0f} s"
-                    f" ({now - start:.0f} s in all); last status (done, completed, failed, "
-                    f"done_batches) = {seen}")
-        time.sleep(1.0)
+    feeds = {job: StatusFeed(cluster.env, job) for job in jobs}
+    try:
+        while feeds:
+            now = time.monotonic()
+            for job in list(feeds):
+                st = feeds[job].latest()
+                seen = None if st is None else (st["done"], st["completed"], st["failed"],
+                                                st["done_batches"])
+                if seen is not None and seen[0]:
+                    feeds.pop(job).stop()
+                    continue
+                if seen != last[job]:
+                    last[job], moved[job] = seen, now
+                if now - moved[job] > shape.stall_s or now - start > shape.done_timeout_s:
+                    feeds.pop(job).stop()
+                    out.violations.append(
+                        f"{job}: not done after the remedy: no progress for "
+                        f"{now - moved[job]:.0f} s ({now - start:.0f} s in all); last status "
+                        f"(done, completed, failed, done_batches) = {seen}")
+            time.sleep(1.0)
+    finally:
+        for feed in feeds.values():
+            feed.stop()
     return [j for j in jobs if any(v.startswith(f"{j}: not done") for v in out.violations)]
 
 

@@ -21,10 +21,10 @@ import httpx
 from workers.engine.metrics import parse_metrics
 
 
-def token_progress(base_url: str) -> tuple[float, float] | None:
+def token_progress(base_url: str, http: httpx.Client) -> tuple[float, float] | None:
     """(running requests, decode tokens so far) from /metrics, or None if unreadable."""
     try:
-        resp = httpx.get(f"{base_url}/metrics", timeout=5.0)
+        resp = http.get(f"{base_url}/metrics", timeout=5.0)
     except httpx.HTTPError:
         return None
     if resp.status_code != 200:
@@ -46,6 +46,7 @@ class StallWatch:
         self.timeout_s = timeout_s
         self._last: tuple[float, float] | None = None  # (monotonic time, tokens)
         self.serving = False  # the decode counter moved between the last two readings
+        self._http = httpx.Client()  # one for the watch's life (see Engine._http)
 
     def reset(self) -> None:
         """Forget the history (after a restart)."""
@@ -54,7 +55,7 @@ class StallWatch:
 
     def stalled(self, base_url: str) -> bool:
         """True once running > 0 and the token counter has not moved for ``timeout_s``."""
-        progress = token_progress(base_url)
+        progress = token_progress(base_url, self._http)
         now = time.monotonic()
         if progress is None:
             self.serving = False

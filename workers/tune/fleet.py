@@ -132,6 +132,7 @@ class Fleet:
     def __init__(self, settings: Settings, r: redis.Redis, app: Celery, book: ProfileBook):
         self.settings, self.redis, self.app, self.book = settings, r, app, book
         self._cap: dict[str, int] = {}
+        self._http = httpx.Client(timeout=5.0)  # polled every fraction of a second: one client
 
     def __repr__(self) -> str:
         return f"<Fleet nodes={[b['node'] for b in self.nodes()]}>"
@@ -177,7 +178,7 @@ class Fleet:
 
     def _loads(self, node: str) -> dict[str, Any]:
         try:
-            response = httpx.get(f"{self.base_url(node)}/v1/loads", timeout=5.0)
+            response = self._http.get(f"{self.base_url(node)}/v1/loads")
             response.raise_for_status()
             loads = response.json().get("loads") or [{}]
             return loads[0]
@@ -204,7 +205,7 @@ class Fleet:
     def _engine_sample(self, node: str) -> tuple[float, bool] | None:
         """(decode tokens so far, engine full?) from one /metrics read, or None."""
         try:
-            response = httpx.get(f"{self.base_url(node)}/metrics", timeout=5.0)
+            response = self._http.get(f"{self.base_url(node)}/metrics")
             response.raise_for_status()
         except httpx.HTTPError:
             return None
