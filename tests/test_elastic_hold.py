@@ -122,3 +122,23 @@ def test_a_worker_running_its_last_rows_with_room_asks_for_another_gpus_rows(r):
     held[0] = frozenset()
     r.delete(key)
     assert hold.tick() == 1 and asks == [1, 1]  # holding nothing: asks, as before
+
+
+def test_the_consumer_loop_is_woken_once_when_a_read_becomes_allowed(r):
+    # A consumer loop with nothing to read looks at ``can_consume`` only between polls of up
+    # to a second (kombu's Hub.create_loop): the hold wakes it when room for a batch appears.
+    from workers.delivery.hold import ElasticHold
+
+    wakes: list[int] = []
+    held: list[frozenset[str]] = [frozenset({"m1"})]
+    hold = ElasticHold(r, "gpu0@w", _Qos, lambda: held[0], 4, wake=lambda: wakes.append(1))
+    key = jobstate.in_flight_key("gpu0@w")
+    now = time.time()
+    r.hset(key, "j/0", _c("j/0", 60, 51, budget=51, at=now).encode())  # rows still to send
+    assert hold.tick() == 1 and not hold.may_take() and wakes == []
+    r.hset(key, "j/0", _c("j/0", 40, 40, budget=51, at=now).encode())  # room: wake
+    assert hold.tick() == 2 and hold.may_take() and wakes == [1]
+    assert hold.tick() == 2 and wakes == [1]  # still room: the loop was woken already
+    held[0] = frozenset({"m1", "m2"})  # the next batch arrived: no read allowed
+    r.hset(key, "j/1", _c("j/1", 100, 0, budget=51, at=now + 1).encode())
+    assert hold.tick() == 2 and not hold.may_take() and wakes == [1]

@@ -69,8 +69,13 @@ class ElasticHold:
 
     def __init__(self, client: redis.Redis, node: str, qos: Callable[[], Any],
                  held: Callable[[], frozenset[str]], max_held: int,
-                 idle: Callable[[], None] | None = None) -> None:
+                 idle: Callable[[], None] | None = None,
+                 wake: Callable[[], None] | None = None) -> None:
         self.redis, self.key, self.max_held = client, jobstate.in_flight_key(node), max_held
+        # Wakes the consumer's event loop. A loop with nothing to read polls its sockets for up
+        # to a second between looks at ``can_consume`` (kombu's ``Hub.create_loop``): without
+        # the wake, the next batch was read 0.5-1 s after the room for it appeared.
+        self._wake = wake
         # Called at each tick while the worker has room for more than it holds (nothing held,
         # or the batches held have nothing left to send and leave the GPU's budget room).
         self._idle = idle
@@ -109,8 +114,11 @@ class ElasticHold:
         except redis.RedisError:
             return None  # keep the count: the batches held go on either way
         want = wanted(decode_all(raw), time.time(), self.max_held, len(held))
+        could = self.may_take()
         self.state = (held, want)
         apply(qos, want)
+        if self._wake is not None and not could and self.may_take():
+            self._wake()  # a read is allowed now: let the loop register it at once
         if want > len(held) and self._idle is not None:  # room for more than it holds
             try:
                 self._idle()

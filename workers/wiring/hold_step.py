@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from types import MethodType
 from typing import Any
 
@@ -54,7 +55,8 @@ class HoldStep(bootsteps.StartStopStep):
             self.hold = ElasticHold(client, context.identity().node,
                                     lambda: getattr(c, "qos", None), held_batches,
                                     settings.batches_per_gpu,
-                                    SplitAsker(c.app, client, queues, settings.split_min_rows))
+                                    SplitAsker(c.app, client, queues, settings.split_min_rows),
+                                    _waker(c))
             self.hold.start()
             log.info("elastic hold: one batch at a time, up to %d", settings.batches_per_gpu)
         _limit_reads(c.task_consumer.channel.qos, self.hold)
@@ -107,6 +109,19 @@ class SplitAsker:
         self._next = now + ASK_COOLDOWN_S
         log.info("asking %s for the %d unsent rows of batch %s/%d", found.node, found.unsent,
                  found.job, found.batch)
+
+
+def _waker(c: Any) -> Callable[[], None] | None:
+    """Wake the consumer's event loop from the hold's thread: kombu's ``Hub.call_soon`` is
+    thread-safe and writes to the loop's waker pipe (kombu 5.7, ``asynchronous/hub.py``)."""
+    hub = getattr(c, "hub", None)
+    if hub is None:
+        return None
+    return lambda: hub.call_soon(_nothing)
+
+
+def _nothing() -> None:
+    """The wake's callback: the loop's next pass is the point."""
 
 
 def _limit_reads(channel_qos: Any, hold: ElasticHold) -> None:
