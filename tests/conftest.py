@@ -140,7 +140,7 @@ def follow_status(env: dict[str, str], job: str, until: Callable[[dict], bool],
     the watch ends (the job done) first.
 
     One process for the whole wait: a ``status`` process per poll costs ~0.7 s of CPU, over
-    half a core while a test waits, on a 2-core machine that runs three tests at once."""
+    half a core while a test waits, on a 2-core machine that runs four tests at once."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "producer", "status", "--job", job, "--watch", "--json",
          "--interval", "0.5"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
