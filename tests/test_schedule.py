@@ -28,8 +28,9 @@ CI_SEEDS = [160, 351]
 # killed, the queues lost, Redis hard-restarted).
 SHORT = Shape(prompts=80, side_prompts=20, window_s=8.0, min_steps=3, max_steps=4)
 SHORT_SEEDS = [8, 9]
-# Batches split at the job's end under faults (tests/chaos/schedule.py SPLITTING).
-SPLIT_SEEDS = [2]
+# Batches split at the job's end under faults (tests/chaos/schedule.py SPLITTING): the first
+# seed, and the second only when the faults of the first left nothing to split.
+SPLIT_SEEDS = [2, 5]
 # Seeds that fail on the delivery code of today, with the finding of issue 12 that makes them
 # fail; remove an entry once its fix lands (the schedule must then pass).
 KNOWN_FAILING: dict[int, str] = {}
@@ -49,15 +50,22 @@ def test_short_schedule(seed, fleet_env, moto_server, tmp_path):
     assert out.ok, out.report()
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", SPLIT_SEEDS)
-def test_split_schedule(seed, fleet_env, moto_server, tmp_path):
-    schedule = make_schedule(seed)
-    assert schedule.shape == SPLITTING
-    out = run_schedule(schedule, fleet_env, tmp_path, moto_server)
-    print(out.report())
-    assert out.ok, out.report()
-    assert out.splits >= 1, "no batch was split: the schedule did not test what it is for"
+@pytest.mark.timeout(480)
+def test_split_schedule(fleet_env, moto_server, tmp_path):
+    # Every schedule run must keep its invariants; one of them at least must split a batch
+    # (a seed's faults may leave the last batch nearly answered, with nothing to split).
+    for seed in SPLIT_SEEDS:
+        schedule = make_schedule(seed)
+        assert schedule.shape == SPLITTING
+        root = tmp_path / f"seed{seed}"
+        root.mkdir()
+        out = run_schedule(schedule, fleet_env, root, moto_server)
+        print(out.report())
+        assert out.ok, out.report()
+        if out.splits >= 1:
+            return
+    raise AssertionError(f"no batch was split in seeds {SPLIT_SEEDS}: the schedules did not "
+                         "test what they are for")
 
 
 @pytest.mark.soak
