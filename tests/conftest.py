@@ -133,6 +133,12 @@ def write_prompts(path: Path, n: int, start: int = 0) -> Path:
     return path
 
 
+def status_watch_argv(job: str, interval_s: float) -> list[str]:
+    """``python -m producer status --watch --json``: one JSON line per tick until done."""
+    return [sys.executable, "-m", "producer", "status", "--job", job, "--watch", "--json",
+            "--interval", str(interval_s)]
+
+
 def follow_status(env: dict[str, str], job: str, until: Callable[[dict], bool],
                   timeout_s: float = 180, what: str = "the awaited status") -> dict:
     """Follow ``status --watch --json`` (a line every 0.5 s) until ``until`` holds for a line;
@@ -141,10 +147,8 @@ def follow_status(env: dict[str, str], job: str, until: Callable[[dict], bool],
 
     One process for the whole wait: a ``status`` process per poll costs ~0.7 s of CPU, over
     half a core while a test waits, on a 2-core machine that runs four tests at once."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "producer", "status", "--job", job, "--watch", "--json",
-         "--interval", "0.5"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(status_watch_argv(job, 0.5), env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:

@@ -8,14 +8,13 @@ while Redis restarts (a schedule's fault): the feed then starts it again a secon
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 import orjson
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, status_watch_argv
 
 RESTART_AFTER_S = 1.0
 
@@ -51,10 +50,8 @@ class StatusFeed:
 
     def _run(self) -> None:
         while not self._stopped.is_set():
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "producer", "status", "--job", self.job, "--watch",
-                 "--json", "--interval", str(self.interval_s)],
-                env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(status_watch_argv(self.job, self.interval_s), env=self.env,
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             with self._lock:
                 self._proc = proc
             assert proc.stdout is not None

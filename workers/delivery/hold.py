@@ -114,10 +114,11 @@ class ElasticHold:
         except redis.RedisError:
             return None  # keep the count: the batches held go on either way
         want = wanted(decode_all(raw), time.time(), self.max_held, len(held))
-        could = self.may_take()
+        seen, wanted_before = self.state
+        could = held == seen and len(held) < wanted_before  # may_take() before this tick
         self.state = (held, want)
         apply(qos, want)
-        if self._wake is not None and not could and self.may_take():
+        if self._wake is not None and not could and len(held) < want:
             self._wake()  # a read is allowed now: let the loop register it at once
         if want > len(held) and self._idle is not None:  # room for more than it holds
             try:
