@@ -11,7 +11,6 @@ the text before each end), vLLM speculators' row keys (``scripts/response_regene
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import orjson
@@ -19,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_sink import cli, fake_result, local_root, prompt_rows
+from tests.trainer_rows import TEMPLATES, make_trainer_job, tokenizer_folder
 from workers.dataset.jobs import PromptRow, SamplingSpec, load_batch_input, result_key
 from workers.dataset.store import LocalStore
 
@@ -69,88 +69,100 @@ def _job(fleet_env, tok, name: str = "tr") -> LocalStore:
     return store
 
 
-def _specforge_order_ok(conv: list[dict]) -> bool:
-    """SpecForge's GeneralParser.parse rules: an optional system message, then a user turn
-    first; an assistant turn after a user or tool turn (otherwise it truncates)."""
-    rest = conv[1:] if conv and conv[0]["role"] == "system" else conv
-    if not rest or rest[0]["role"] != "user":
-        return False
-    return all(not (b["role"] == "assistant" and a["role"] not in ("user", "tool"))
-               for a, b in zip(rest, rest[1:], strict=False))
-
-
 def test_specforge_export(fleet_env, tmp_path, r, tok):
     _job(fleet_env, tok)
     out = tmp_path / "sf.jsonl"
     res = cli(fleet_env, "export", "--job", "tr", "--format", "specforge", "--out", str(out))
+    assert res.returncode == 3 and "pass --tokenizer PATH" in res.stderr  # no model folder
+    args = ("export", "--job", "tr", "--format", "specforge", "--tokenizer", str(TOKENIZER),
+            "--max-differ", "1")  # the fake rows' prompt_tokens are not the tokenizer's
+    res = cli(fleet_env, *args, "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert "ok 10 + errors 2 = 12 rows" in res.stderr and "sf.jsonl.errors.jsonl" in res.stderr
     lines = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     assert len(lines) == 10 and len({x["id"] for x in lines}) == 10
+    assert all(len(x["input_ids"]) == len(x["loss_mask"]) for x in lines)
     by_input = {x["input_id"]: x for x in lines}
     chat = by_input["p0"]["conversations"]
     assert chat == [{"role": "system", "content": "Be brief."},
                     {"role": "user", "content": "Hi 0"},
                     {"role": "assistant", "content": "answer to p0",
                      "reasoning_content": "thinking"}]
+    # The engine's own ids are the supervised span where they were stored.
+    p0 = by_input["p0"]
+    assert [i for i, m in zip(p0["input_ids"], p0["loss_mask"], strict=True) if m] == \
+        _answer_ids(tok, "thinking", "answer to p0")
     # A plain prompt went to /generate as it is: no system prompt was sent with it.
     assert by_input["p1"]["conversations"][0] == {"role": "user", "content": "Question 1: why?"}
     assert by_input["p2"]["conversations"][-1]["tool_calls"] == CALL
-    assert all(_specforge_order_ok(x["conversations"]) for x in lines)
     errors = [orjson.loads(x) for x in (tmp_path / "sf.jsonl.errors.jsonl").read_bytes()
               .splitlines()]
     assert {(e["input_id"], e["bucket"]) for e in errors} == {("p5", "failed"),
                                                              ("p7", "quarantined")}
     assert all(e["error"] for e in errors)
-    # datasets' JSON loader (what SpecForge's scripts load with) takes every line.
     ds = datasets.load_dataset("json", data_files=str(out), split="train",
                                cache_dir=str(tmp_path / "cache"))
-    assert ds.num_rows == 10 and "conversations" in ds.column_names
+    assert ds.num_rows == 10 and {"input_ids", "loss_mask"} <= set(ds.column_names)
     again = tmp_path / "again.jsonl"
-    cli(fleet_env, "export", "--job", "tr", "--format", "specforge", "--out", str(again))
+    cli(fleet_env, *args, "--out", str(again))
     assert again.read_bytes() == out.read_bytes()  # stable ids, same order
 
 
-def _specforge_mask(tok, text: str) -> list[int]:
-    """SpecForge's loss mask for the last assistant turn, computed its way (its registered
-    ``qwen`` template: header ``<|im_start|>assistant\n``, end of turn ``<|im_end|>\n``)."""
-    ids = tok(text, add_special_tokens=False).input_ids
-    mask = [0] * len(ids)
-    match = list(re.finditer(re.escape("<|im_start|>assistant\n") + r"([\s\S]*?(?:"
-                             + re.escape("<|im_end|>\n") + "|$))", text))[-1]
-    start = len(tok.encode(text[:match.start(1)], add_special_tokens=False))
-    end = len(tok.encode(text[:match.end(1)], add_special_tokens=False))
-    mask[start:end] = [1] * (end - start)
-    return mask
+def _exported(path: Path, fmt: str) -> dict[tuple[str, int], dict]:
+    """The rows of a token export by (input id, sample)."""
+    if fmt == "tokens":
+        return {(x["input_id"], x["sample"]): x for x in pq.read_table(path).to_pylist()}
+    rows = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+    if fmt == "speculators":
+        return {(x["metadata"]["input_id"], x["metadata"]["sample"]): x for x in rows}
+    return {(x["input_id"], x["sample"]): x for x in rows}
 
 
-def test_tokens_export(fleet_env, tmp_path, r, tok):
-    _job(fleet_env, tok)
-    out = tmp_path / "tok.parquet"
-    res = cli(fleet_env, "export", "--job", "tr", "--format", "tokens", "--out", str(out))
-    assert res.returncode == 3 and "pass --tokenizer PATH" in res.stderr  # no model folder
-    res = cli(fleet_env, "export", "--job", "tr", "--format", "tokens", "--out", str(out),
-              "--tokenizer", str(TOKENIZER))
-    assert res.returncode == 0, res.stderr
-    assert "ok 10 + errors 2 = 12 rows" in res.stderr
-    assert "differs from the engine's output_ids in 1 of 2 rows" in res.stderr
-    table = pq.read_table(out)
-    rows = {x["input_id"]: x for x in table.to_pylist()}
-    assert set(table.column_names) >= {"id", "primary_id", "input_ids", "loss_mask", "text"}
-    for row in rows.values():
-        assert len(row["input_ids"]) == len(row["loss_mask"])
-        assert row["input_ids"] == tok(row["text"], add_special_tokens=False).input_ids
-        assert row["loss_mask"] == _specforge_mask(tok, row["text"])
-    p0 = rows["p0"]
-    span = [i for i, m in zip(p0["input_ids"], p0["loss_mask"], strict=True) if m]
-    assert span == _answer_ids(tok, "thinking", "answer to p0") + tok.encode("\n")
-    assert p0["engine_ids_match"] is True and rows["p4"]["engine_ids_match"] is False
-    assert rows["p6"]["engine_ids_match"] is None
-    assert "<tool_call>" in rows["p2"]["text"]
-    assert orjson.loads(p0["sampling"])["max_new_tokens"] == 64
-    ds = datasets.load_dataset("parquet", data_files=str(out), split="train",
-                               cache_dir=str(tmp_path / "cache"))
-    assert ds.num_rows == 10
+@pytest.mark.parametrize("template", list(TEMPLATES))
+def test_every_row_kind_is_the_engine_s_tokens_under_every_template(fleet_env, tmp_path, r,
+                                                                    template):
+    """specforge, speculators and tokens give, for every row kind, the context the engine was
+    sent then the ids it generated, with the mask over exactly those: no template system
+    prompt the engine was not sent, no re-serialized tool call, the ``<think>\\n`` a template
+    primed as context, no newline after the end token, the engine's ids over the text's."""
+    folder = tokenizer_folder(tmp_path, template)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    truth = make_trainer_job(fleet_env, tok)
+    assert cli(fleet_env, "sink", "--job", "kinds", "--local").returncode == 0
+    got = {}
+    for fmt in ("specforge", "speculators", "tokens"):
+        out = tmp_path / f"{template}.{fmt}"
+        res = cli(fleet_env, "export", "--job", "kinds", "--format", fmt, "--out", str(out),
+                  "--tokenizer", str(folder), "--max-differ", "0.2")
+        assert res.returncode == 0, res.stderr
+        assert "ok 16 + errors 0 = 16 rows" in res.stderr
+        # Only the answer whose ids are not its text's canonical tokenization differs.
+        assert "2 of 16 rows compared" in res.stderr, res.stderr
+        got[fmt] = _exported(out, fmt)
+        for k, (ids, mask) in truth.items():
+            assert got[fmt][k]["input_ids"] == ids, (fmt, k)
+            assert got[fmt][k]["loss_mask"] == mask, (fmt, k)
+    assert {k for k, x in got["tokens"].items() if x["differs"]} == {("multi-turn", 0),
+                                                                      ("multi-turn", 1)}
+    spec_row = got["speculators"][("tool-call", 1)]
+    assert spec_row["id"] == f"{spec_row['primary_id']}_gen1"
+    assert spec_row["text"] == tok.decode(spec_row["input_ids"], skip_special_tokens=False)
+    assert got["speculators"][("tool-call", 0)]["primary_id"] == spec_row["primary_id"]
+    res = cli(fleet_env, "export", "--job", "kinds", "--format", "speculators", "--out",
+              str(tmp_path / "strict.jsonl"), "--tokenizer", str(folder))
+    assert res.returncode == 1 and "2 of 16 rows differ" in res.stderr
+    assert "multi-turn" in res.stderr  # the rows are named
+
+
+def test_an_export_with_another_model_s_tokenizer_fails_naming_rows(fleet_env, tmp_path, r):
+    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_folder(tmp_path, "fixture")))
+    make_trainer_job(fleet_env, tok)
+    assert cli(fleet_env, "sink", "--job", "kinds", "--local").returncode == 0
+    other = tokenizer_folder(tmp_path, "default_system")
+    res = cli(fleet_env, "export", "--job", "kinds", "--format", "tokens", "--out",
+              str(tmp_path / "t.parquet"), "--tokenizer", str(other))
+    assert res.returncode == 1, res.stderr
+    assert "is --tokenizer the job's model?" in res.stderr and "context" in res.stderr
 
 
 def test_hf_export_loads_with_datasets(fleet_env, tmp_path, r, tok):
@@ -176,8 +188,8 @@ def test_a_finished_job_reaches_the_trainer_with_the_engine_s_ids(fleet_env, mak
                                                                    tmp_path, r):
     """A real worker and the simulated engine playing 0.5.23: every row stores the engine's
     ids (/generate's output_ids, chat's response_token_ids), and the tokens export compares
-    them with the fixture tokenizer's span (the simulator's ids are not that tokenizer's, so
-    every row differs: the count says so)."""
+    them with the fixture tokenizer's (the simulator's ids and prompt counts are not that
+    tokenizer's, so every row differs: the export is written, says so and exits 1)."""
     from tests.conftest import run_producer, wait_done, write_prompts
 
     make_workers([0], FLEET_SIM_SGLANG_VERSION="0.5.23")
@@ -190,9 +202,9 @@ def test_a_finished_job_reaches_the_trainer_with_the_engine_s_ids(fleet_env, mak
     out = tmp_path / "e2e.parquet"
     res = cli(fleet_env, "export", "--job", "e2e", "--format", "tokens", "--out", str(out),
               "--tokenizer", str(TOKENIZER))
-    assert res.returncode == 0, res.stderr
-    assert "ok 16 + errors 0 = 16 rows" in res.stderr
-    assert "differs from the engine's output_ids in 16 of 16 rows" in res.stderr
+    assert res.returncode == 1, res.stderr
+    assert "ok 16 + errors 0 = 16 rows" in res.stderr and out.exists()
+    assert "16 of 16 rows differ from what the engine reported" in res.stderr
     data = pq.read_table(next((local_root(fleet_env) / "jobs" / "e2e" / "data").rglob(
         "*.parquet"))).to_pylist()
     assert all(row["output_ids"] and len(row["output_ids"]) == row["completion_tokens"]

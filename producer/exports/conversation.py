@@ -5,15 +5,19 @@ reasoning_content?, tool_calls?}]`` and a row's ``tools``; its ``GeneralParser``
 ``role``, ``content`` and ``tool_calls`` of each message, its ``ThinkingParser`` also
 ``reasoning_content``. The conversation here is the messages the engine was sent (the job's
 ``--system-prompt`` first where the row had no system message of its own, as the worker sent
-it; a plain prompt as one user message), then the assistant turn the engine answered.
+it; a plain prompt as one user message; :mod:`producer.exports.sent`), then the assistant turn
+the engine answered.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from typing import Any
 
 import orjson
+
+from producer.exports.sent import Sent
 
 Message = dict[str, Any]
 
@@ -28,19 +32,12 @@ def _json(value: Any) -> Any:
     return value
 
 
-def input_messages(rec: dict[str, Any], sampling: dict[str, Any] | None = None) -> list[Message]:
-    """The messages the engine was sent for ``rec`` (role and content); ``sampling``: the
-    job's (manifest ``params.sampling``), whose ``system_prompt`` went to chat requests."""
-    sampling = sampling or {}
-    chat = rec.get("messages") is not None
-    if chat:
-        messages = [{"role": m["role"], "content": m["content"] or ""} for m in rec["messages"]]
-    else:
-        messages = [{"role": "user", "content": rec.get("prompt") or ""}]
-    system_prompt = sampling.get("system_prompt") if chat or sampling.get("chat") else None
-    if system_prompt and not any(m["role"] == "system" for m in messages):
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages
+def conversation(sent: Sent, rec: dict[str, Any]) -> list[Message]:
+    """The messages the engine was sent for ``rec`` (every field of each, as the request
+    carried it; a plain prompt as one user message), then the generated assistant turn."""
+    messages = (copy.deepcopy(sent.messages) if sent.messages is not None
+                else [{"role": "user", "content": sent.prompt or ""}])
+    return [*messages, assistant_turn(rec)]
 
 
 def assistant_turn(rec: dict[str, Any]) -> Message:

@@ -19,17 +19,12 @@ from typing import Any
 
 import orjson
 
-from producer.exports.source import DataSet, Tally, atomic_file
-from workers.dataset.manifest import SCHEMA, row_bucket
+from producer.exports.source import DataSet, ExportRun, Tally, atomic_file, kept_columns
+from workers.dataset.manifest import row_bucket
 
 
 def _ids(job: str, index: int) -> str:
     return hashlib.sha256(f"{job}\0{index}".encode()).hexdigest()[:24]
-
-
-def _kept(rec: dict[str, Any]) -> dict[str, Any]:
-    """The kept input columns of a data-set row (every column after SCHEMA's)."""
-    return {k: v for k, v in rec.items() if k not in SCHEMA.names}
 
 
 def _choice(rec: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -47,14 +42,14 @@ def _choice(rec: dict[str, Any], chat: bool) -> dict[str, Any]:
             "finish_reason": rec["finish_reason"]}
 
 
-def _body(recs: list[dict[str, Any]], rid: str, created: int, model: str) -> dict[str, Any]:
+def _body(recs: list[dict[str, Any]], rid: str, created: int, model: str, chat: bool
+          ) -> dict[str, Any]:
     """The response body of one prompt: one choice per sample that finished (as OpenAI's
     ``n``); the prompt's tokens counted once, the completions' summed."""
     rec = recs[0]
     completion = sum(r["completion_tokens"] or 0 for r in recs)
     usage = {"prompt_tokens": rec["prompt_tokens"] or 0, "completion_tokens": completion,
              "total_tokens": (rec["prompt_tokens"] or 0) + completion}
-    chat = not (rec["messages"] is None and rec["prompt"] is not None)
     choices = [_choice(r, chat) for r in recs]
     if not chat:
         return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
@@ -64,16 +59,17 @@ def _body(recs: list[dict[str, Any]], rid: str, created: int, model: str) -> dic
 
 
 def openai_line(rec: dict[str, Any] | list[dict[str, Any]], created: int,
-                models: dict[str, str]) -> dict[str, Any]:
+                models: dict[str, str], chat_prompts: bool = False) -> dict[str, Any]:
     """One prompt's data-set rows (its samples) as a line of an OpenAI Batch output file;
     kept input columns under ``columns``. A prompt none of whose samples finished is reported
-    with the first one's error."""
+    with the first one's error. ``chat_prompts``: the job sent plain prompts as chat
+    requests (``--chat``), so they were answered as chats, reasoning apart."""
     recs = rec if isinstance(rec, list) else [rec]
     done = [r for r in recs if r["status"] == "ok"]
     rec = done[0] if done else recs[0]
     rid = _ids(rec["job"], rec["index"])
     line: dict[str, Any] = {"id": f"batch_req_{rid}", "custom_id": rec["id"]}
-    if kept := _kept(rec):
+    if kept := kept_columns(rec):
         line["columns"] = kept
     if not done:
         status, kind, code = ((400, "invalid_request_error", "quarantined")
@@ -83,22 +79,24 @@ def openai_line(rec: dict[str, Any] | list[dict[str, Any]], created: int,
         return line | {"response": {"status_code": status, "request_id": f"req_{rid}",
                                     "body": body}, "error": None}
     model = models.get(rec["profile"] or "", rec["profile"] or "")
-    body = _body(done, rid, created, model)
+    chat = rec["messages"] is not None or rec["prompt"] is None or chat_prompts
+    body = _body(done, rid, created, model, chat)
     return line | {"response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
                    "error": None}
 
 
-def write_openai_batch(data: DataSet, out: Path) -> Tally:
+def write_openai_batch(data: DataSet, out: Path, run: ExportRun | None = None) -> Tally:
     """Write one line per prompt (its samples as the choices); ``lines`` counts the lines,
     ``ok`` and ``errors`` the data-set rows (a failed row is reported inside its line)."""
     created = int(data.manifest.get("finished_at_unix") or 0)
-    models, tally = data.models(), Tally()
+    models, tally, chat = data.models(), Tally(), bool(data.sampling.get("chat"))
     prompt: list[dict[str, Any]] = []  # the samples of one prompt (consecutive in the data set)
     with atomic_file(out) as tmp, tmp.open("wb") as fh, data.tables() as tables:
 
         def emit() -> None:
             if prompt:
-                fh.write(orjson.dumps(openai_line(prompt, created, models), default=str) + b"\n")
+                line = openai_line(prompt, created, models, chat)
+                fh.write(orjson.dumps(line, default=str) + b"\n")
                 tally.lines += 1
                 prompt.clear()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 
-from producer.exports.source import DataSet, Tally, atomic_file
+from producer.exports.source import DataSet, ExportRun, Tally, atomic_file
 from workers.dataset.manifest import SCHEMA
 
 
@@ -23,7 +23,7 @@ def _count(tally: Tally, statuses: list[str | None]) -> None:
     tally.lines += len(statuses)
 
 
-def write_parquet(data: DataSet, out: Path) -> Tally:
+def write_parquet(data: DataSet, out: Path, run: ExportRun | None = None) -> Tally:
     """One Parquet file with the data set's schema."""
     tally, writer = Tally(), None
     with atomic_file(out) as tmp, data.tables() as tables:
@@ -42,7 +42,7 @@ def write_parquet(data: DataSet, out: Path) -> Tally:
     return tally
 
 
-def write_jsonl(data: DataSet, out: Path) -> Tally:
+def write_jsonl(data: DataSet, out: Path, run: ExportRun | None = None) -> Tally:
     """One data-set row per line."""
     tally = Tally()
     with atomic_file(out) as tmp, tmp.open("wb") as fh, data.tables() as tables:

@@ -14,7 +14,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +23,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workers.dataset.manifest import load_manifest, row_bucket
+from workers.dataset.jobs import JobSpec, load_spec
+from workers.dataset.kept import decode_schema
+from workers.dataset.manifest import SCHEMA, load_manifest, row_bucket
 from workers.dataset.store import FILE_MODE, RetryingStore, Store, fsync_dir
 from workers.errors import JobError, StoreError
 from workers.retry import RetryPolicy
@@ -55,6 +57,7 @@ class DataSet:
     job: str
     store: Store
     manifest: dict[str, Any]
+    spec: JobSpec
 
     @classmethod
     def open(cls, store: Store, job: str) -> DataSet:
@@ -64,7 +67,7 @@ class DataSet:
         if manifest is None:
             raise JobError(f"job {job!r} has no data set yet; run: fleet sink --job {job} "
                            "--local (a GPU worker's sink queue builds it when the job ends)")
-        return cls(job, store, manifest)
+        return cls(job, store, manifest, load_spec(store, job))
 
     @property
     def rows(self) -> int:
@@ -77,6 +80,20 @@ class DataSet:
         with tempfile.TemporaryDirectory(prefix="fleet-export-") as work:
             yield shard_tables(self.store, self.manifest, Path(work))
 
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The job's sampling as the manifest records it."""
+        return dict(self.manifest["params"].get("sampling") or {})
+
+    def kept_fields(self) -> list[pa.Field]:
+        """The kept input columns (``enqueue --keep-columns``), as the data set types them."""
+        schema = decode_schema(self.spec.keep_schema)
+        return [] if schema is None else list(schema)
+
+    def failed_gates(self) -> list[dict[str, Any]]:
+        """The quality gates the data set failed when it was committed."""
+        return list((self.manifest.get("quality") or {}).get("failed") or [])
+
     def models(self) -> dict[str, str]:
         """Launch profile -> its model (the profile's --model-path), as the manifest says."""
         return {name: p.get("model") or name
@@ -87,6 +104,20 @@ class DataSet:
         profiles = self.manifest["params"].get("profiles", {})
         ranked = sorted(profiles.items(), key=lambda kv: -int(kv[1].get("rows") or 0))
         return [p["model"] for _, p in ranked if p.get("model")]
+
+
+def kept_columns(rec: dict[str, Any]) -> dict[str, Any]:
+    """The kept input columns of a data-set row (every column after SCHEMA's)."""
+    return {k: v for k, v in rec.items() if k not in SCHEMA.names}
+
+
+def with_kept(fields: list[pa.Field], kept: list[pa.Field], fmt: str) -> pa.Schema:
+    """An export's schema with the kept columns after its own; JobError on a name clash."""
+    names = {f.name for f in fields}
+    if clash := sorted(names & {f.name for f in kept}):
+        raise JobError(f"kept column {clash[0]!r} has the name of a {fmt} export column; "
+                       "rename it in the input to export it")
+    return pa.schema([*fields, *kept])
 
 
 def errors_path(out: Path) -> Path:
@@ -160,10 +191,45 @@ class ErrorFile:
         self.fh = fh
         self.count = 0
 
-    def add(self, rec: dict[str, Any]) -> None:
-        """Record one left-out row with its reason."""
-        self.fh.write(orjson.dumps(error_line(rec), default=str) + b"\n")
+    def add(self, rec: dict[str, Any], fault: tuple[str, str] | None = None) -> None:
+        """Record one left-out row with its reason (``fault``: the row-level gate that left
+        an answered row out, and why)."""
+        line = error_line(rec)
+        if fault is not None:
+            line["bucket"], line["error"] = fault
+        self.fh.write(orjson.dumps(line, default=str) + b"\n")
         self.count += 1
+
+    def usable(self, recs: list[dict[str, Any]], judge: Judge | None = None
+               ) -> list[dict[str, Any]]:
+        """The rows of ``recs`` an export turns into training rows; the others (failed and
+        quarantined, and with ``judge`` the answered rows it faults) are recorded here."""
+        ok = []
+        for rec in recs:
+            fault = None if rec["status"] != "ok" or judge is None else judge(rec)
+            if rec["status"] != "ok" or fault is not None:
+                self.add(rec, fault)
+            else:
+                ok.append(rec)
+        return ok
+
+
+# An answered row's row-level fault (gate, reason), or None when it is usable.
+Judge = Callable[[dict[str, Any]], "tuple[str, str] | None"]
+
+
+@dataclass
+class ExportRun:
+    """What one ``fleet export`` asks beyond the data set and the output path."""
+
+    # --usable-only: answered rows that fail a row-level quality gate go to the errors file.
+    judge: Judge | None = None
+    # --license: the hf card's license.
+    license: str = "other"
+    # The token exports: the model's tokenizer (producer.exports.engine_tokens.EngineTokens)
+    # and the rows compared with the engine's ids (Checks).
+    engine: Any = None
+    checks: Any = None
 
 
 @contextlib.contextmanager

@@ -97,7 +97,8 @@ def chat_messages(prompt: str | None, messages: list[Any] | None,
     return [{"role": "system", "content": sampling.system_prompt}, *messages]
 
 
-def _chat_body(messages: list[Any], sampling: Sampling) -> dict[str, Any]:
+def chat_body(messages: list[Any], sampling: Sampling) -> dict[str, Any]:
+    """The body of one ``/v1/chat/completions`` request."""
     # return_token_ids: the choice carries the sampled ids from SGLang 0.5.17 on
     # (serving_chat.py::_build_chat_response); older releases ignore the unknown key, as they
     # ignore any (protocol.py::ChatCompletionRequest takes pydantic's default, extra="ignore").
@@ -224,7 +225,7 @@ class EngineClient:
         """Generate one completion for a plain prompt or a chat conversation."""
         messages = chat_messages(prompt, messages, sampling)
         if messages is not None:
-            data, latency = await self._post("/v1/chat/completions", _chat_body(messages, sampling))
+            data, latency = await self._post("/v1/chat/completions", chat_body(messages, sampling))
             return parse_chat(data, latency)
         data, latency = await self._post("/generate", _generate_body(prompt or "", sampling))
         return parse_generate(data, latency)
@@ -239,7 +240,7 @@ class EngineClient:
         refuses 0, ``validate_max_tokens_positive``); its one token is thrown away."""
         messages = chat_messages(prompt, messages, sampling)
         if messages is not None:
-            body = _chat_body(messages, sampling)
+            body = chat_body(messages, sampling)
             body["max_tokens"] = 1
             body.pop("max_completion_tokens", None)
             await self._post("/v1/chat/completions", body)

@@ -1,0 +1,71 @@
+"""What the worker sent the engine for a data-set row, rebuilt from the staged input.
+
+The data set keeps each message's role and content only; the request itself also carried the
+messages' other fields (an earlier turn's ``tool_calls``, a tool message's ``tool_call_id``),
+the row's ``tools`` and its chat-template keywords. The exports that must give the engine's
+own tokens read the staged batch input (``jobs/<job>/inputs/``) and build the request again
+with the worker's own functions: :func:`workers.batch.prompt_sampling.sampling_for`,
+:func:`workers.engine.client.chat_messages` and :func:`workers.engine.client.chat_body`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workers.batch.prompt_sampling import sampling_for
+from workers.dataset.jobs import JobSpec, PromptRow, load_batch_input
+from workers.dataset.store import Store
+from workers.engine.client import chat_body, chat_messages
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the engine got it: chat ``messages`` (None for a plain ``/generate``
+    prompt, then ``prompt``), the request's ``tools`` and the template keywords."""
+
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    tools: list[Any] | None
+    template_kwargs: dict[str, Any]
+
+
+class SentRequests:
+    """Staged inputs of a job, read one batch at a time (rows come in batch order)."""
+
+    def __init__(self, store: Store, spec: JobSpec) -> None:
+        self.store, self.spec = store, spec
+        self._batch: int | None = None
+        self._rows: dict[int, PromptRow] = {}
+
+    def row(self, batch: int, index: int) -> PromptRow:
+        """The staged input row ``index`` of ``batch``."""
+        if batch != self._batch:
+            self._rows = {r.index: r for r in load_batch_input(self.store, self.spec.name, batch)}
+            self._batch = batch
+        return self._rows[index]
+
+    def get(self, rec: dict[str, Any]) -> Sent:
+        """The request of data-set row ``rec`` (its ``batch``, ``index`` and ``sample``)."""
+        row = self.row(int(rec["batch"]), int(rec["index"]))
+        sampling = sampling_for(self.spec, row, int(rec.get("sample") or 0))
+        messages = chat_messages(row.prompt, row.messages, sampling)
+        if messages is None:
+            return Sent(row.prompt or "", None, None, {})
+        body = chat_body(messages, sampling)
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        if body.get("reasoning_effort") is not None:
+            kwargs["reasoning_effort"] = body["reasoning_effort"]
+        return Sent(None, [dict(m) for m in messages], _tools(body), kwargs)
+
+
+def _tools(body: dict[str, Any]) -> list[Any] | None:
+    """The tools the chat template was given: every one, only the one a named ``tool_choice``
+    picks, none for ``tool_choice: "none"`` (SGLang ``OpenAIServingChat._process_messages``)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        return [t for t in tools if (t.get("function") or {}).get("name") == name]
+    return list(tools)
