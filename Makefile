@@ -14,7 +14,7 @@ TEST_WORKERS ?= 4
 # Minutes `make soak` keeps running fault-and-operator schedules (tests/chaos/).
 SOAK_MINUTES ?= 30
 
-.PHONY: install lock redis-bin chromium-bin demo test lint bench gpu-check soak fleet compose procfile clean
+.PHONY: install lock redis-bin chromium-bin trainers-venv demo test lint bench gpu-check soak fleet compose procfile clean
 
 # Exact versions with hashes from requirements.lock, then the project itself without
 # resolving anything again.
@@ -50,7 +50,12 @@ chromium-bin:
 demo: install redis-bin
 	$(PY) -m producer.demo
 
-test: install redis-bin chromium-bin
+# SpecForge and speculators (tests/test_export_loaders.py) run in a venv of their own with a CPU
+# torch, built once per tools/trainers.lock under ~/.cache (about 70 s and 1.5 GB the first time).
+trainers-venv:
+	bash tools/trainers_venv.sh >/dev/null
+
+test: install redis-bin chromium-bin trainers-venv
 	$(PY) tools/check_lock.py
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10
