@@ -94,3 +94,23 @@ def test_export_refuses_without_a_data_set_or_with_a_damaged_shard(fleet_env, tm
     assert not out.exists() and not list(tmp_path.glob(".bad*"))
     res = cli(fleet_env, "export", "--job", "bad", "--format", "csv", "--out", str(out))
     assert res.returncode == 3 and "unknown format" in res.stderr
+
+
+def test_openai_batch_keeps_the_reasoning_of_plain_prompts_sent_as_chats(fleet_env, tmp_path,
+                                                                         r):
+    """``--chat`` sent plain prompts through the chat route: their answers are chat
+    completions, the reasoning apart, not text completions that drop it."""
+    from workers.dataset.jobs import SamplingSpec
+
+    store = LocalStore(local_root(fleet_env))
+    rows = [PromptRow(index=i, id=f"q{i}", prompt=f"Question {i}") for i in range(4)]
+    make_job(store, "chatty", rows, batch_size=4,
+             sampling=SamplingSpec(max_new_tokens=64, chat=True), fail=lambda i: False)
+    assert cli(fleet_env, "sink", "--job", "chatty", "--local").returncode == 0
+    out = tmp_path / "chatty.jsonl"
+    assert cli(fleet_env, "export", "--job", "chatty", "--format", "openai-batch", "--out",
+               str(out)).returncode == 0
+    for line in _lines(out):
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["reasoning_content"] == "thinking"

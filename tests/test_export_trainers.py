@@ -154,6 +154,47 @@ def test_every_row_kind_is_the_engine_s_tokens_under_every_template(fleet_env, t
     assert "multi-turn" in res.stderr  # the rows are named
 
 
+def _kept_of(path: Path, fmt: str) -> list[dict]:
+    """The kept columns of every row of one export."""
+    if fmt in ("parquet", "tokens"):
+        rows = pq.read_table(path).to_pylist()
+    elif fmt == "hf":
+        rows = datasets.load_dataset(str(path), split="train").to_list()
+    else:
+        rows = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+    if fmt in ("openai-batch", "specforge", "speculators"):
+        return [x["columns"] for x in rows]
+    return [{"topic": x["topic"], "score": x["score"]} for x in rows]
+
+
+def test_every_export_keeps_the_kept_columns(fleet_env, tmp_path, r):
+    from producer.exports import FORMATS
+
+    folder = tokenizer_folder(tmp_path, "fixture")
+    make_trainer_job(fleet_env, transformers.AutoTokenizer.from_pretrained(str(folder)))
+    assert cli(fleet_env, "sink", "--job", "kinds", "--local").returncode == 0
+    for fmt, form in FORMATS.items():
+        out = tmp_path / f"out-{fmt}"
+        extra = ["--tokenizer", str(folder), "--max-differ", "0.2"] if form.tokens else []
+        res = cli(fleet_env, "export", "--job", "kinds", "--format", fmt, "--out", str(out),
+                  *extra)
+        assert res.returncode == 0, (fmt, res.stderr)
+        kept = _kept_of(out, fmt)
+        assert kept and all(k["topic"].startswith("topic of ") and isinstance(k["score"], int)
+                            for k in kept), fmt
+        # These rows fail the job's gates (16 alike answers, 2 truncated of 16): every export
+        # says so in one line, and the hf card states the verdict verify gives.
+        assert "this data set failed its gates at commit (fleet verify exits 5)" in res.stderr
+    verify = cli(fleet_env, "verify", "--job", "kinds")
+    assert verify.returncode == 5
+    card = (tmp_path / "out-hf" / "README.md").read_text()
+    assert "license: other" in card and "verify fails (exit 5): quality gates failed" in card
+    res = cli(fleet_env, "export", "--job", "kinds", "--format", "hf", "--out",
+              str(tmp_path / "lic"), "--license", "apache-2.0")
+    assert res.returncode == 0 and "license: apache-2.0" in (tmp_path / "lic" / "README.md"
+                                                             ).read_text()
+
+
 def test_an_export_with_another_model_s_tokenizer_fails_naming_rows(fleet_env, tmp_path, r):
     tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_folder(tmp_path, "fixture")))
     make_trainer_job(fleet_env, tok)

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from tests.test_sink import local_root, make_job
 from workers.dataset.jobs import PromptRow, SamplingSpec, encode_rows, result_key, save_spec
+from workers.dataset.kept import encode_schema
 from workers.dataset.store import LocalStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer"
@@ -158,13 +160,16 @@ def engine_tokens(tok: Any, row: PromptRow, ans: dict[str, Any]) -> tuple[list[i
 
 def make_trainer_job(env: dict[str, str], tok: Any, name: str = "kinds"
                      ) -> dict[tuple[str, int], tuple[list[int], list[int]]]:
-    """Stage and answer the job ``name`` (two samples per prompt);
+    """Stage and answer the job ``name`` (two samples per prompt; kept columns ``topic`` and
+    ``score``);
     return (input id, sample) -> (input_ids, loss_mask) as the engine's tokens make them."""
     store = LocalStore(local_root(env))
     rows = input_rows()
     spec = make_job(store, name, rows, batch_size=4, missing=(0, 1),
                     sampling=SamplingSpec(max_new_tokens=64, samples=2))
-    spec = spec.model_copy(update={"total_samples": 2 * len(rows)})
+    kept = pa.schema([pa.field("topic", pa.string()), pa.field("score", pa.int64())])
+    spec = spec.model_copy(update={"total_samples": 2 * len(rows), "keep_schema": encode_schema(
+        kept), "keep_columns": {f.name: str(f.type) for f in kept}})
     save_spec(store, spec)
     truth = {}
     for batch in range(spec.n_batches):
@@ -180,6 +185,7 @@ def make_trainer_job(env: dict[str, str], tok: Any, name: str = "kinds"
                     "finish_reason": "stop", **ans, "output_ids": out,
                     "prompt_tokens": len(ctx), "completion_tokens": len(out),
                     "latency_s": 0.5, "status": "ok", "error": None, "profile": "qwen36-27b",
-                    "gpu": 0, "node": "gpu0@test"})
+                    "gpu": 0, "node": "gpu0@test",
+                    "keep": {"topic": f"topic of {row.id}", "score": row.index}})
         store.put(result_key(name, batch), encode_rows(got, compress=False))
     return truth

@@ -205,10 +205,16 @@ class EngineTokens:
                 messages, tools=sent.tools, tokenize=False, add_generation_prompt=generation,
                 **sent.template_kwargs))
         except Exception:  # noqa: BLE001 - SGLang retries with function-only tools
-            tools = [t.get("function", t) for t in sent.tools or []] or None
+            pass
+        tools = [t.get("function", t) for t in sent.tools or []] or None
+        try:
             return str(self.tok.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=generation,
                 **sent.template_kwargs))
+        except Exception as exc:  # noqa: BLE001 - jinja's errors are many types
+            raise JobError(f"{self.path}: its chat template cannot render a conversation "
+                           f"the engine answered ({type(exc).__name__}: {exc}); is it the "
+                           "job's model?") from exc
 
     def end_of_turn(self, sent: Sent) -> tuple[str, bool]:
         """(the text the template puts after an assistant turn's content, through its stop
