@@ -208,3 +208,36 @@ def test_n_samples_are_judged_each_and_together():
     assert tally.report()["figures"]["same_samples"]["count"] == 0
     bad = {**_row(1, {"completion": " "}), "sample": 1}
     assert judge(bad, options).flags == ("near_empty",)
+
+
+def test_the_sinks_column_path_agrees_with_the_row_path_on_every_kind():
+    """A row group mixing every kind above (each good and bad row once, in one job whose own
+    rows ask for their structured output): the sink's add_table and verify's row path give
+    the same figures, counters and denominators."""
+    rows, own = [], []
+    for i, kind in enumerate(k for k in KINDS.values() for _ in (0, 1)):
+        params = {**kind.sampling.get("params", {}), **kind.own}
+        rows.append(_row(i, kind.good if i % 2 == 0 else kind.bad))
+        own.append({"index": i, "params": params})
+    spec = _spec({"chat": False})
+    a, b = QualityTally(job_options(spec, 10)), QualityTally(job_options(spec, 10))
+    a.options.add_rows(own)
+    b.options.add_rows(own)
+    for row in rows:
+        a.add(row)
+    add_table(b, pa.Table.from_pylist([to_record(x) for x in rows], schema=SCHEMA))
+    ra, rb = a.report(), b.report()
+    assert _no_examples(ra) == _no_examples(rb)
+    assert ra["formed"] > 0 and ra["texts"] > 0 and ra["figures"]["invalid"]["count"] > 0
+    plain = QualityTally(job_options(spec, 10))  # no row asks for structured output
+    plain_t = QualityTally(job_options(spec, 10))
+    for row in rows:
+        plain.add(row)
+    add_table(plain_t, pa.Table.from_pylist([to_record(x) for x in rows], schema=SCHEMA))
+    assert _no_examples(plain.report()) == _no_examples(plain_t.report())
+
+
+def _no_examples(report: dict[str, Any]) -> dict[str, Any]:
+    """A report less its example ids (the column path takes rows in another order)."""
+    return {**report, "figures": {k: {**f, "examples": None}
+                                  for k, f in report["figures"].items()}}
