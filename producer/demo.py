@@ -38,6 +38,9 @@ from producer.localfleet import (
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = ROOT / ".demo"
 N_PROMPTS = 300
+# The demo's job: the default quality gates and token caps (tests/test_quality_defaults.py
+# holds it to passing verify with them).
+ENQUEUE_ARGS = ("--batch-size", "50")
 console = Console(highlight=False, soft_wrap=True)
 
 
@@ -104,7 +107,7 @@ def main() -> int:
                       "+1 for GPU 1")
         wait_healthy(redis.Redis.from_url(url), workers, timeout_s=120)
         prompts = _prompts(DEMO_DIR / "prompts.jsonl")
-        _producer(env, "enqueue", str(prompts), "--job", job, "--batch-size", "50")
+        _producer(env, "enqueue", str(prompts), "--job", job, *ENQUEUE_ARGS)
         _producer(env, "status", "--job", job, "--watch", "--interval", "1")
         code = _producer(env, "verify", "--job", job)
         # The workers built the data set when the job ended (they consume the sink queue).
