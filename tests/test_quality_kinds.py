@@ -241,3 +241,21 @@ def _no_examples(report: dict[str, Any]) -> dict[str, Any]:
     """A report less its example ids (the column path takes rows in another order)."""
     return {**report, "figures": {k: {**f, "examples": None}
                                   for k, f in report["figures"].items()}}
+
+
+def test_the_figures_and_their_gates_are_declared_once():
+    """The manifest's figures, the gates and the live tally's figures are the table's
+    (quality_gates.FIGURES), and the live tally shares its counts out by the same rule as the
+    sink's report."""
+    from workers.dataset.quality_gates import FIGURES, GATES, PER_ROW, shares
+    from workers.delivery.quality_live import LIVE
+
+    tally = QualityTally(job_options(_spec({}), 10))
+    for i, kind in enumerate(KINDS.values()):
+        tally.add(_row(i, kind.bad))
+    report = tally.report()
+    assert list(report["figures"]) == list(FIGURES)
+    assert set(GATES) <= set(FIGURES) and set(PER_ROW) <= set(LIVE) <= set(FIGURES)
+    counts = tally.counters()
+    examples = {n: f["examples"] for n, f in report["figures"].items()}
+    assert shares(counts, examples, LIVE) == {n: report["figures"][n] for n in LIVE}
