@@ -164,6 +164,39 @@ def verify(
         raise typer.Exit(RET_QUALITY)
 
 
+@cli.command()
+@friendly_errors
+def requeue(
+    job: str = typer.Option(..., "--job", help="Job name"),
+    where: str = typer.Option(..., "--where", metavar="FIGURES",
+                              help="Per-row quality figures whose rows are generated again, "
+                              "comma-separated: near_empty, invalid, no_reasoning, markers, "
+                              "truncated, failed, quarantined"),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
+                                       help="New token cap for the requeued prompts"),
+) -> None:
+    """Generate the rows a quality figure names once more; the sink writes the data set's
+    next version when they are stored (the other rows are kept as they are)."""
+    from producer.requeue import parse_where
+    from producer.requeue import requeue as requeue_rows
+    from workers import app
+
+    names = parse_where(where)
+    settings = _job_settings(job)
+    store, r = _open(settings)
+    report = requeue_rows(store, r, app, load_spec(store, job), names, max_new_tokens)
+    _requeued(job, report)
+
+
+def _requeued(job: str, report: Any) -> None:
+    if not report.rows:
+        err().print(f"job {job}: no row to requeue")
+        return
+    by = ", ".join(f"{n} {c:,}" for n, c in sorted(report.by.items()))
+    err().print(f"requeued {report.rows:,} rows ({by}) in {report.batches} batches of job "
+                f"{job}; the data set's next version is written when they are stored")
+
+
 @cli.command("requeue-failed")
 @friendly_errors
 def requeue_failed_cmd(
@@ -173,15 +206,15 @@ def requeue_failed_cmd(
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
                                        help="New token cap for the requeued prompts"),
 ) -> None:
-    """Send quarantined (or, with --truncated, length-capped) prompts back to the GPUs."""
+    """Send failed and quarantined (or, with --truncated, length-capped) prompts back to the
+    GPUs: requeue --where failed,quarantined (or --where truncated)."""
     from producer.requeue import requeue_failed
     from workers import app
 
     settings = _job_settings(job)
     store, r = _open(settings)
     report = requeue_failed(store, r, app, load_spec(store, job), truncated, max_new_tokens)
-    kind = "truncated" if truncated else "failed"
-    err().print(f"requeued {report.rows} {kind} prompts in {report.batches} batches of job {job}")
+    _requeued(job, report)
 
 
 @cli.command()

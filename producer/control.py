@@ -28,7 +28,10 @@ def set_state(r: redis.Redis, job: str, state: str) -> None:
     """Record the job's state (checked by every batch at start and while it runs)."""
     if not r.sismember(jobstate.JOBS_KEY, job):
         raise JobError(f"no job {job!r} in Redis (run enqueue first)")
-    r.hset(jobstate.Keys(job).job, "state", state)
+    pipe = r.pipeline()
+    pipe.hset(jobstate.Keys(job).job, "state", state)
+    pipe.hdel(jobstate.Keys(job).job, "paused_by")  # set only by a worker's quality pause
+    pipe.execute()
 
 
 def stop_job(r: redis.Redis, job: str, state: str) -> int:

@@ -295,6 +295,8 @@ class JobInput:
     quality: dict[str, float] = field(default_factory=dict)
     # --allow-quarantine: stage a new job even when its quarantined rows break the gate.
     allow_quarantine: bool = False
+    # --on-quality-warning warn|pause (None: the job's, "warn" for a new one).
+    on_quality_warning: str | None = None
 
 
 def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
@@ -344,11 +346,15 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
                           sampling=sampling, bad_rows=len(report.bad_rows),
                           dropped_keys=dict(job_input.dropped_keys or {}),
                           quality=job_input.quality,
+                          on_quality_warning=job_input.on_quality_warning or "warn",
                           total_samples=samples[0] if samples[0] != total else 0,
                           keep_columns=kept, keep_schema=kept_schema,
                           keep_arg=",".join(keep.wanted) if keep is not None else None)
-    if old is None or spec.input_sha256 != report.batch_sha256:
-        spec = spec.model_copy(update={"input_sha256": report.batch_sha256})
+    pause = job_input.on_quality_warning
+    if old is None or spec.input_sha256 != report.batch_sha256 or (
+            pause and pause != spec.on_quality_warning):  # a re-run may change the reaction
+        spec = spec.model_copy(update={"input_sha256": report.batch_sha256,
+                                       "on_quality_warning": pause or spec.on_quality_warning})
         save_spec(store, spec)
     report.spec = spec
     jobstate.register_job(r, job, spec.model_dump_json(), store.url)

@@ -8,6 +8,7 @@ one-line error handling.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from enum import Enum, StrEnum
 from typing import Any
 
 import typer
@@ -15,6 +16,17 @@ import typer
 INPUT_HELP = ("Prompts: a .jsonl[.gz] (prompt / messages / OpenAI-batch lines) or .parquet "
               "file, a folder of them, s3://bucket/key or s3://bucket/prefix/ of parts, or "
               "another fsspec URL (its filesystem package installed)")
+
+
+class QualityReaction(StrEnum):
+    """``--on-quality-warning``: what a failing live gate does to the job."""
+
+    warn = "warn"
+    pause = "pause"
+
+
+def _reaction(value: Any) -> str | None:
+    return value.value if isinstance(value, Enum) else value
 
 
 @dataclass
@@ -41,6 +53,7 @@ class EnqueueOptions:
     keep_columns: str | None = None
     quality: list[str] | None = None
     allow_quarantine: bool = False
+    on_quality_warning: str | None = None
 
 
 def enqueue_command(
@@ -94,6 +107,9 @@ def enqueue_command(
     allow_quarantine: bool = typer.Option(False, "--allow-quarantine",
                                           help="Enqueue even when more rows are quarantined at "
                                           "staging than the failed_or_quarantined gate allows"),
+    on_quality_warning: QualityReaction = typer.Option(
+        None, "--on-quality-warning", help="When the live tally first fails a gate: warn "
+        "(default) or pause the job (running batches finish; fleet resume goes on)"),
 ) -> None:
     """Stage INPUT in the store and enqueue every batch that is not stored and has no
     message and no live run (re-run it to resume or repair a job)."""
@@ -153,7 +169,8 @@ def run_enqueue(o: EnqueueOptions) -> None:
         hook, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
         job = JobInput(o.input, o.job, o.batch_size or None, spec_sampling, rows,
                        dropped_keys=opts.dropped, keep=opts.keep, quality=quality,
-                       allow_quarantine=o.allow_quarantine)
+                       allow_quarantine=o.allow_quarantine,
+                       on_quality_warning=_reaction(o.on_quality_warning))
         report = enqueue_job(store, r, app, job, on_batch, default_batch_size=settings.batch_size,
                              before_reconcile=hook,
                              choose_size=batch_size_rule.chooser(r, settings))

@@ -80,7 +80,7 @@ def status_table(st: dict[str, Any]) -> Group:
                      f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
                      _num(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
     quality = st.get("quality") or {}
-    state = shown_state(st["state"], quality.get("gates_failed"))
+    state = shown_state(st["state"], quality.get("gates_failed")) + _paused_by(st)
     tot = Table(title=f"job {st['job']}: {state}", show_header=False)
     tot.add_column("k")
     tot.add_column("v")
@@ -191,11 +191,17 @@ def _quality_cell(quality: dict[str, Any]) -> str:
     return f"no gate broken ({live.get('rows', 0):,} rows measured so far)"
 
 
+def _paused_by(st: dict[str, Any]) -> str:
+    """`` (paused by a worker: quality warning ...; fleet resume goes on)`` or ""."""
+    by = st.get("paused_by")
+    return f" (by a worker on its {by}; fleet resume --job {st['job']} goes on)" if by else ""
+
+
 def progress_line(st: dict[str, Any]) -> str:
     """The job's progress in one line (``status --watch`` on a pipe)."""
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
     quality = st.get("quality") or {}
-    state = shown_state(st["state"], quality.get("gates_failed"))
+    state = shown_state(st["state"], quality.get("gates_failed")) + _paused_by(st)
     return (f"job {st['job']}: {state}, {finished:,}/{st['total']:,} prompts, "
             f"{st['tokens_per_sec']:,.0f} tok/s, ETA {_fmt_eta(st['eta_hours'])}"
             + "".join(f"; stalled: {note}" for note in st.get("stalled") or [])

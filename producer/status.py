@@ -105,7 +105,7 @@ def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
         "prompts_done": _prompts_done(r, spec, keys) if not done else spec.total,
         "failed": c["failed"], "truncated": c["truncated"],
         "quarantined": c["quarantined"], "remaining": remaining,
-        "state": p["state"],
+        "state": p["state"], "paused_by": p["paused_by"],
         "quality": _quality(r, spec, p["quality_failed"], early_rows),
         # Held by a live run; the rest of the unfinished batches wait (queued, or paused).
         "in_flight_batches": running,

@@ -151,7 +151,7 @@ def test_requeue_truncated_rows_with_a_larger_cap(fleet_env, make_workers, tmp_p
     res = run_producer(fleet_env, "requeue-failed", "--job", "trunc", "--truncated",
                        "--max-new-tokens", "5000")
     assert res.returncode == 0, res.stderr
-    assert f"requeued {st['truncated']} truncated prompts" in res.stderr
+    assert f"requeued {st['truncated']} rows (truncated {st['truncated']})" in res.stderr
     st2 = wait_done(fleet_env, "trunc")
     after = _verify(fleet_env, "trunc")
     assert after["ok"] and after["duplicates"] == 0 and after["rows"] == 60

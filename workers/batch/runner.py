@@ -66,7 +66,7 @@ class BatchRunner:
         self.part = part  # a part of another GPU's batch (workers/delivery/split.py)
         self.policy = RetryPolicy(s.retry_max_attempts, s.retry_base_s, s.retry_max_s)
         self.recorder = ProgressRecorder(env, spec.name, batch, owner.token, spec,
-                                         fence=owner.key if part else None)
+                                         fence=owner.key if part else None, rows=rows)
         self.splitter = None if part else RowSplitter(
             env.redis, spec.name, batch, owner, s.visibility_timeout_s, s.split_min_rows)
         self.crashes = CrashTracker(env.redis, spec.name, env.me.node, s.poison_crashes)

@@ -19,7 +19,7 @@ import hashlib
 import re
 import time
 import zlib
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field
@@ -83,6 +83,9 @@ class JobSpec(BaseModel):
     # --quality KEY=VALUE: the job's quality thresholds (workers/dataset/quality_gates.py;
     # the defaults apply to every key not given).
     quality: dict[str, float] = Field(default_factory=dict)
+    # --on-quality-warning: "warn" (the live warning is shown and logged) or "pause" (the job
+    # is also paused when its live tally first fails a gate; workers/delivery/quality_live.py).
+    on_quality_warning: Literal["warn", "pause"] = "warn"
 
     @property
     def expected_samples(self) -> int:

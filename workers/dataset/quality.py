@@ -1,24 +1,29 @@
 """The quality of a job's rows, measured while they stream by (docs/output.md, "quality").
 
 Every row the sink writes (and every row ``verify`` reads) goes through one
-:class:`QualityTally`; :meth:`QualityTally.figures` gives the figures the gates
-(:mod:`workers.dataset.quality_gates`) compare with their thresholds:
+:class:`QualityTally`; the figures and their denominators are declared once, in
+:data:`workers.dataset.quality_gates.FIGURES`. A row is judged by its kind (:func:`judge`):
 
+- not ok: ``failed`` or ``quarantined`` (the manifest's buckets), nothing else;
+- cut at max_tokens (``finish_reason`` ``length``): ``truncated``, nothing else (its answer is
+  not finished, so it is neither near-empty nor of a broken form);
+- tool calls, or structured output asked for (:mod:`workers.dataset.row_form`): a *formed* row,
+  judged by its form: ``invalid`` when the calls or the output do not parse or match;
+- any other answered row is a *text* row: ``near_empty`` when its answer (the completion once
+  the reasoning is split off and any ``<think>`` block cut out) is whitespace only, or shorter
+  than ``near_empty_tokens``; ``identical`` when its answer is also another prompt's
+  (compared by UTF-8 length and first and last ``KEY_CHARS`` bytes, hashed, over at most
+  ``MAX_DISTINCT`` distinct answers: memory stays bounded);
+- thinking-mode rows (a launch with a reasoning parser, thinking not turned off), text or
+  formed: ``no_reasoning`` (no reasoning) and ``markers`` (``<think>`` / ``</think>`` left in
+  ``completion``);
+- ``same_samples``: prompts of several samples at temperature > 0 whose text samples are all
+  equal;
 - ``completion_tokens``: percentiles (p1, p5, p50, p95, p99, max) over answered rows, from a
-  bounded histogram (exact below 256 tokens, then 64 log-spaced buckets per doubling);
-- ``near_empty``: answered rows whose answer (the completion once the reasoning is split off
-  and any ``<think>`` block cut out) is whitespace only, or shorter than ``near_empty_tokens``;
-- ``no_reasoning`` and ``markers`` (thinking-mode rows only: a launch with a reasoning parser,
-  thinking not turned off): answered rows with no reasoning, and rows whose ``completion``
-  still holds ``<think>`` / ``</think>``;
-- ``truncated``, ``failed``, ``quarantined``: shares of every row (the manifest's buckets);
-- ``identical``: answered rows whose answer is also another prompt's answer (compared by
-  UTF-8 length and first and last ``KEY_CHARS`` bytes, hashed, over at most ``MAX_DISTINCT``
-  distinct answers: memory stays bounded);
-- ``same_samples``: prompts of several samples at temperature > 0 whose samples are all equal.
+  bounded histogram (exact below 256 tokens, then 64 log-spaced buckets per doubling).
 
-Each figure keeps at most ``EXAMPLES`` example row ids. Shares are of their own denominator
-(``answered``, ``thinking`` rows or ``rows``), as fractions in 0..1.
+Each figure keeps at most ``EXAMPLES`` example row ids. Shares are of their own denominator,
+as fractions in 0..1.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from workers.dataset.manifest import row_bucket
+from workers.dataset.quality_gates import COUNTED, EXAMPLES, shares
+from workers.dataset.row_form import Constraint, constraint_of, form_ok, tool_calls_ok
 
-EXAMPLES = 5
 MAX_DISTINCT = 200_000  # distinct answers remembered for ``identical``
 # Answers are compared by their UTF-8 length and their first and last KEY_CHARS bytes
 # (hashing each whole answer would cost the sink ~6 µs per 10k characters).
@@ -114,11 +120,88 @@ class Figure:
 @dataclass
 class QualityOptions:
     """What the measurement needs from the job: the near-empty threshold, whether a row is of
-    thinking mode, and whether the job's samples are drawn at temperature > 0."""
+    thinking mode, whether the job's samples are drawn at temperature > 0, the structured
+    output the job asks for, and that of the rows in view that ask for their own
+    (``row_constraints``: index -> constraint, from the staged rows' ``params``)."""
 
     near_empty_tokens: int = 10
     thinking: Callable[[dict[str, Any]], bool] = lambda row: False
     sampled: bool = False
+    job_constraint: Constraint | None = None
+    row_constraints: dict[int, Constraint] = field(default_factory=dict)
+
+    def constraint(self, row: dict[str, Any]) -> Constraint | None:
+        """The structured output ``row`` was asked for: its own, else the job's."""
+        own = self.row_constraints.get(row.get("index"))  # type: ignore[arg-type]
+        return own or self.job_constraint
+
+    def any_constraint(self) -> bool:
+        """Whether any row now in view may be a structured-output row."""
+        return self.job_constraint is not None or bool(self.row_constraints)
+
+    def add_rows(self, rows: list[dict[str, Any]] | None) -> None:
+        """Staged rows (``index``, ``params``) now in view: their own structured output."""
+        seen: dict[Constraint, Constraint] = {}
+        for r in rows or ():
+            if r.get("params") and (c := constraint_of(r["params"])) is not None:
+                self.row_constraints[int(r["index"])] = seen.setdefault(c, c)
+
+    def clear_rows(self) -> None:
+        """Forget the rows in view (:meth:`add_rows`)."""
+        self.row_constraints = {}
+
+
+class Verdict(NamedTuple):
+    """What :func:`judge` says of one row: its ``kind`` (failed, quarantined, truncated, text,
+    formed), the per-row figures it falls under, its answer, and whether it is of thinking
+    mode."""
+
+    kind: str
+    flags: tuple[str, ...]
+    answer: str
+    thinking: bool
+
+
+def _near_empty(row: dict[str, Any], answer: str, split: bool, threshold: int) -> bool:
+    """Whether a text row's answer is blank or under ``threshold`` tokens (``split``: part of
+    the completion tokens were reasoning or a ``<think>`` block)."""
+    if not answer or answer.isspace():
+        return True
+    tokens = answer_tokens(row, answer) if split else (row.get("completion_tokens") or 0)
+    return tokens < threshold
+
+
+def judge(row: dict[str, Any], options: QualityOptions) -> Verdict:
+    """The per-row figures of ``row`` (see the module docstring): one rule for the sink,
+    ``verify``, the live tally and ``requeue --where``."""
+    get = row.get
+    if get("status") != "ok":
+        bucket = row_bucket(row)
+        return Verdict(bucket, (bucket,), "", False)
+    if get("finish_reason") == "length":
+        return Verdict("truncated", ("truncated",), "", False)
+    completion = get("completion") or ""
+    reasoning = get("reasoning") or ""
+    # "<" first: one memchr pass, where the substring search costs ~10 µs per 10k chars.
+    marked = "<" in completion and "think>" in completion
+    answer = answer_of(row) if marked else completion
+    calls = get("tool_calls")
+    constraint = None if calls else options.constraint(row)
+    if calls or constraint is not None:
+        kind = "formed"
+        ok = tool_calls_ok(calls) if calls else form_ok(constraint, answer)  # type: ignore
+        flags = [] if ok else ["invalid"]
+    else:
+        kind = "text"
+        flags = ["near_empty"] if _near_empty(row, answer, bool(reasoning or marked),
+                                              options.near_empty_tokens) else []
+    thinking = options.thinking(row)
+    if thinking:
+        if not reasoning or reasoning.isspace():
+            flags.append("no_reasoning")
+        if marked and (THINK_OPEN in completion or THINK_CLOSE in completion):
+            flags.append("markers")
+    return Verdict(kind, tuple(flags), answer, thinking)
 
 
 @dataclass
@@ -128,10 +211,10 @@ class QualityTally:
     options: QualityOptions = field(default_factory=QualityOptions)
     rows: int = 0
     answered: int = 0
+    texts: int = 0  # answered rows judged by their text
+    formed: int = 0  # answered rows judged by their form (tool calls, structured output)
     thinking: int = 0
-    figures: dict[str, Figure] = field(default_factory=lambda: {k: Figure() for k in (
-        "near_empty", "no_reasoning", "markers", "truncated", "failed", "quarantined",
-        "identical", "same_samples")})
+    figures: dict[str, Figure] = field(default_factory=lambda: {k: Figure() for k in COUNTED})
     _hist: dict[int, int] = field(default_factory=dict)
     # answer hash -> (index, id) of its first row; once seen again, in _dups:
     # [index, id, rows, seen under another prompt]
@@ -142,49 +225,29 @@ class QualityTally:
 
     def add(self, row: dict[str, Any]) -> None:
         """Measure one row (rows of one prompt come one after another). Kept lean: the sink
-        calls it for every row it writes (bench/quality.py)."""
+        calls it for the rows its column path does not take (bench/quality.py)."""
         self.rows += 1
-        get = row.get
-        if get("status") != "ok":
-            bucket = row_bucket(row)
-            self.figures[bucket].add(_rid(row))
-            if self.options.sampled:
-                self._sample(row, None)
-            return
-        self.answered += 1
-        tokens = get("completion_tokens") or 0
-        b = tokens if tokens < EXACT else _bucket(tokens)
-        hist = self._hist
-        hist[b] = hist.get(b, 0) + 1
-        if get("finish_reason") == "length":
-            self.figures["truncated"].add(_rid(row))
-        completion = get("completion") or ""
-        reasoning = get("reasoning") or ""
-        # "<" first: one memchr pass, where the substring search costs ~10 µs per 10k chars.
-        marked = "<" in completion and "think>" in completion
-        answer = answer_of(row) if marked else completion
-        if not answer or answer.isspace():
-            self.figures["near_empty"].add(_rid(row))
-            key = None
-        else:
-            if reasoning or marked:
-                tokens = answer_tokens(row, answer)
-            if tokens < self.options.near_empty_tokens:
-                self.figures["near_empty"].add(_rid(row))
-            key = answer_key(answer)
-            self._identical(key, row)
-        if self.options.thinking(row):
-            self._thinking(row, completion, reasoning, marked)
+        verdict = judge(row, self.options)
+        rid = _rid(row)
+        for name in verdict.flags:
+            self.figures[name].add(rid)
+        key = None
+        if verdict.kind in ("text", "formed", "truncated"):
+            self.answered += 1
+            tokens = row.get("completion_tokens") or 0
+            b = tokens if tokens < EXACT else _bucket(tokens)
+            self._hist[b] = self._hist.get(b, 0) + 1
+            if verdict.kind == "formed":
+                self.formed += 1
+            elif verdict.kind == "text":
+                self.texts += 1
+                answer = verdict.answer
+                if answer and not answer.isspace():
+                    key = answer_key(answer)
+                    self._identical(key, row)
+            self.thinking += verdict.thinking
         if self.options.sampled:
             self._sample(row, key)
-
-    def _thinking(self, row: dict[str, Any], completion: str, reasoning: str, marked: bool
-                  ) -> None:
-        self.thinking += 1
-        if not reasoning or reasoning.isspace():
-            self.figures["no_reasoning"].add(_rid(row))
-        if marked and (THINK_OPEN in completion or THINK_CLOSE in completion):
-            self.figures["markers"].add(_rid(row))
 
     def _identical(self, key: int, row: dict[str, Any]) -> None:
         # First sightings are (index, id) tuples of atoms, which the garbage collector stops
@@ -266,29 +329,23 @@ class QualityTally:
         """[[lowest tokens of the bucket, rows], ...] of completion tokens (answered rows)."""
         return [[_bucket_floor(k), self._hist[k]] for k in sorted(self._hist)]
 
+    def counters(self) -> dict[str, int]:
+        """The denominators (quality_gates.COUNTERS) and the counted figures."""
+        return {"rows": self.rows, "answered": self.answered, "texts": self.texts,
+                "formed": self.formed, "thinking": self.thinking,
+                "prompts_sampled": self.prompts_sampled,
+                **{name: fig.count for name, fig in self.figures.items()}}
+
     def report(self) -> dict[str, Any]:
         """The figures as the manifest records them (see the module docstring)."""
         self._close_prompt()
         self._prompt = [None, set(), 0, ""]
-        of = {"near_empty": self.answered, "no_reasoning": self.thinking,
-              "markers": self.thinking, "identical": self.answered,
-              "same_samples": self.prompts_sampled}
-        figures = {}
-        for name, fig in self.figures.items():
-            base = of.get(name, self.rows)
-            figures[name] = {"count": fig.count, "of": base,
-                             "share": round(fig.count / base, 6) if base else 0.0,
-                             "examples": list(fig.examples)}
-        failed_q = self.figures["failed"].count + self.figures["quarantined"].count
-        figures["failed_or_quarantined"] = {
-            "count": failed_q, "of": self.rows,
-            "share": round(failed_q / self.rows, 6) if self.rows else 0.0,
-            "examples": (self.figures["failed"].examples
-                         + self.figures["quarantined"].examples)[:EXAMPLES]}
-        return {"rows": self.rows, "answered": self.answered, "thinking_rows": self.thinking,
+        examples = {name: fig.examples for name, fig in self.figures.items()}
+        return {"rows": self.rows, "answered": self.answered, "texts": self.texts,
+                "formed": self.formed, "thinking_rows": self.thinking,
                 "near_empty_tokens": self.options.near_empty_tokens,
                 "completion_tokens": self.percentiles(), "histogram": self.histogram(),
-                "figures": figures}
+                "figures": shares(self.counters(), examples)}
 
 
 def _reasoning_parser(profile: str) -> bool:
@@ -321,4 +378,4 @@ def job_options(spec: Any, near_empty_tokens: int) -> QualityOptions:
 
     temperature = sampling.temperature
     sampled = spec.expected_samples != spec.total and (temperature is None or temperature > 0)
-    return QualityOptions(near_empty_tokens, thinking, sampled)
+    return QualityOptions(near_empty_tokens, thinking, sampled, constraint_of(sampling.params))

@@ -9,28 +9,76 @@ to five example row ids. Defaults are what a team once burnt by an empty data se
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from workers.errors import InputError
 
-# gate -> (figure it bounds, default largest share)
-GATES: dict[str, tuple[str, float]] = {
-    "near_empty": ("near_empty", 0.01),
-    "truncated": ("truncated", 0.05),
-    "failed_or_quarantined": ("failed_or_quarantined", 0.01),
-    "no_reasoning": ("no_reasoning", 0.01),
-    "markers": ("markers", 0.01),
-    "identical": ("identical", 0.02),
-    "same_samples": ("same_samples", 0.05),
+EXAMPLES = 5  # example row ids kept per figure
+
+
+@dataclass(frozen=True)
+class FigureDef:
+    """One quality figure: the counter it is a share of, the default of its gate (None: no
+    gate of its own), whether it is counted row by row (so the live tally has it too) and,
+    for a figure that adds others up, which."""
+
+    of: str
+    gate: float | None
+    per_row: bool = True
+    sum_of: tuple[str, ...] = ()
+
+
+# The figures and their gates, declared once: QualityTally counts them, its report and the
+# live tally share them out by the same rule (:func:`shares`), evaluate() gates them. A gate
+# bounds the figure of its own name. Denominators: ``rows`` every row, ``texts`` answered rows
+# judged by their text, ``formed`` answered rows judged by their form (tool calls, structured
+# output), ``thinking`` thinking-mode rows; a row cut at max_tokens is counted under
+# ``truncated`` alone, so it is none of texts, formed or thinking (workers/dataset/quality.py).
+FIGURES: dict[str, FigureDef] = {
+    "near_empty": FigureDef("texts", 0.01),
+    "invalid": FigureDef("formed", 0.01),
+    "no_reasoning": FigureDef("thinking", 0.01),
+    "markers": FigureDef("thinking", 0.01),
+    "truncated": FigureDef("rows", 0.05),
+    "failed": FigureDef("rows", None),
+    "quarantined": FigureDef("rows", None),
+    "failed_or_quarantined": FigureDef("rows", 0.01, sum_of=("failed", "quarantined")),
+    "identical": FigureDef("texts", 0.02, per_row=False),
+    "same_samples": FigureDef("prompts_sampled", 0.05, per_row=False),
 }
+# Figures counted one by one (the others add them up).
+COUNTED = tuple(n for n, f in FIGURES.items() if not f.sum_of)
+# Figures a single row decides: the live tally's, and what ``requeue --where`` selects by.
+PER_ROW = tuple(n for n in COUNTED if FIGURES[n].per_row)
+# The counters the denominators name.
+COUNTERS = ("rows", "answered", "texts", "formed", "thinking", "prompts_sampled")
+GATES: dict[str, float] = {n: f.gate for n, f in FIGURES.items() if f.gate is not None}
 NEAR_EMPTY_TOKENS = 10
 KEYS = (*GATES, "near_empty_tokens")
 
 
+def shares(counts: Mapping[str, int], examples: Mapping[str, list[str]],
+           names: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """Each figure (of ``names``, default all) as the manifest records it: ``count``, ``of``
+    (its denominator's counter), ``share`` (0..1) and up to EXAMPLES ``examples``;
+    ``counts`` holds the counted figures and the counters."""
+    out = {}
+    for name in names or tuple(FIGURES):
+        fig = FIGURES[name]
+        parts = fig.sum_of or (name,)
+        n = sum(int(counts.get(p, 0)) for p in parts)
+        of = int(counts.get(fig.of, 0))
+        ex = [x for p in parts for x in examples.get(p, [])][:EXAMPLES]
+        out[name] = {"count": n, "of": of, "share": round(n / of, 6) if of else 0.0,
+                     "examples": ex}
+    return out
+
+
 def defaults() -> dict[str, float]:
     """Every threshold at its default."""
-    return {**{g: share for g, (_, share) in GATES.items()},
-            "near_empty_tokens": NEAR_EMPTY_TOKENS}
+    return {**GATES, "near_empty_tokens": NEAR_EMPTY_TOKENS}
 
 
 def _value(key: str, raw: str, where: str) -> float:
@@ -76,9 +124,9 @@ def evaluate(quality: dict[str, Any], limits: dict[str, float]) -> list[dict[str
     with its figure (share and count of how many), threshold and example row ids."""
     failed = []
     figures = quality.get("figures", {})
-    for gate, (figure, _) in GATES.items():
-        fig = figures.get(figure)
-        limit = float(limits.get(gate, GATES[gate][1]))
+    for gate, default in GATES.items():
+        fig = figures.get(gate)
+        limit = float(limits.get(gate, default))
         if not fig or not fig["of"] or limit >= 1:
             continue
         if fig["share"] > limit:

@@ -2,9 +2,9 @@
 
 The sink measures every row group it writes with :func:`add_table` (pyarrow.compute over the
 columns, the long strings never copied); rows that need the per-row path
-(:meth:`workers.dataset.quality.QualityTally.add`: not ok, ``<think>`` markers, a job of
-samples) take it. tests/test_quality.py holds both paths to the same figures;
-bench/quality.py measures what this costs the sink.
+(:meth:`workers.dataset.quality.QualityTally.add`: not ok, ``<think>`` markers, tool calls,
+structured output, a job of samples) take it. tests/test_quality.py holds both paths to the
+same figures; bench/quality.py measures what this costs the sink.
 """
 
 from __future__ import annotations
@@ -22,23 +22,25 @@ from workers.dataset.quality import (
 
 # Columns add_table reads (the sink's row-group tables and verify's per-batch ones hold them).
 COLUMNS = ("index", "sample", "id", "status", "error", "prompt", "messages", "finish_reason",
-           "completion", "reasoning", "completion_tokens", "profile")
+           "completion", "reasoning", "tool_calls", "completion_tokens", "profile")
 
 
 def add_table(tally: QualityTally, table: Any) -> None:
     """Measure the rows of an Arrow table (SCHEMA's columns) as :meth:`QualityTally.add`
     would one by one, vectorized: the sink measures each row group it writes this way.
-    Rows that need the per-row path (not ok, ``<think>`` markers, a job of samples) take it.
-    Columns are masked, never filtered whole: the long strings are not copied."""
+    Rows that need the per-row path (not ok, ``<think>`` markers, tool calls, structured
+    output, a job of samples) take it. Columns are masked, never filtered whole: the long
+    strings are not copied."""
     import pyarrow.compute as pc
 
     table = table.select(list(COLUMNS))
-    if tally.options.sampled:
+    if tally.options.sampled or tally.options.any_constraint():
         for row in table.to_pylist():
             tally.add(row)
         return
     ok = pc.fill_null(pc.equal(table["status"], "ok"), False)
-    slow = pc.or_(pc.invert(ok), _marked(table["completion"]))
+    slow = pc.or_(pc.or_(pc.invert(ok), _marked(table["completion"])),
+                  pc.is_valid(table["tool_calls"]))
     if pc.any(slow).as_py():
         for row in table.filter(slow).to_pylist():
             tally.add(row)
@@ -100,8 +102,10 @@ def _add_answered(tally: QualityTally, t: Any, fast: Any, pc: Any) -> None:
     for b, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(),
                     strict=True):
         hist[b] = hist.get(b, 0) + c
-    truncated = pc.and_(fast, pc.fill_null(pc.equal(t["finish_reason"], "length"), False))
-    _examples(tally.figures["truncated"], t, truncated, pc)
+    cut = pc.fill_null(pc.equal(t["finish_reason"], "length"), False)
+    _examples(tally.figures["truncated"], t, pc.and_(fast, cut), pc)
+    fast = pc.and_(fast, pc.invert(cut))  # a truncated row is counted under truncated alone
+    tally.texts += pc.sum(fast).as_py() or 0
     comp, reas = t["completion"], t["reasoning"]
     clen = pc.fill_null(pc.binary_length(comp), 0)
     rlen = pc.fill_null(pc.binary_length(reas), 0)

@@ -177,9 +177,11 @@ def write_shards(store: Store, spec: JobSpec, limits: ShardLimits, tmp: Path, ve
 
     def measure(table: pa.Table) -> None:
         add_table(check.quality, table)
+        check.quality.options.clear_rows()  # the next row group's rows come in view
 
-    for batch, raw, stored, ids, samples in iter_batches(store, spec):
+    for batch, raw, stored, ids, samples, staged in iter_batches(store, spec):
         check.samples = samples
+        check.quality.options.add_rows(staged)  # their own structured output, if any
         rows = [row for row in stored if check.accept(batch, row, ids)]
         if not rows:
             continue

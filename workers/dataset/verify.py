@@ -169,6 +169,7 @@ class StoredBatch(NamedTuple):
     rows: list[dict[str, Any]]  # sorted by (index, sample)
     ids: StagedIds  # index -> id of the staged prompts (None: the staged input is gone)
     samples: StagedSamples  # index -> samples (None: a one-sample job, or no staged input)
+    staged: list[dict[str, Any]] | None  # the staged prompts (None: the staged input is gone)
 
 
 def batch_rows(store: Store, job: str, batch: int, job_samples: int | None = None
@@ -180,7 +181,7 @@ def batch_rows(store: Store, job: str, batch: int, job_samples: int | None = Non
     staged = staged_rows(store, job, batch)
     ids = None if staged is None else {int(r["index"]): str(r["id"]) for r in staged}
     samples = None if job_samples is None else staged_samples(staged, job_samples)
-    return StoredBatch(batch, raw, rows, ids, samples)
+    return StoredBatch(batch, raw, rows, ids, samples, staged)
 
 
 def stored_batches(store: Store, job: str) -> list[int]:
@@ -203,6 +204,8 @@ def verify_job(store: Store, spec: JobSpec,
     check = RowCheck(spec, quality_override=quality)
     for stored in iter_batches(store, spec):
         check.samples = stored.samples
+        check.quality.options.clear_rows()
+        check.quality.options.add_rows(stored.staged)
         for row in stored.rows:
             check.accept(stored.batch, row, stored.ids)
     return check.report()

@@ -85,10 +85,10 @@ def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, A
     keys = jobstate.Keys(spec.name)
     pipe = r.pipeline()
     pipe.hmget(keys.job, ["state", "started_at", "first_taken_at", "last_row_at",
-                          *jobstate.SPLIT_FIELDS])
+                          *jobstate.SPLIT_FIELDS, "paused_by"])
     pipe.scard(keys.done)
     pipe.hgetall(keys.sink)
-    (state_raw, *times, parts, split_rows), done_batches, sink = pipe.execute()
+    (state_raw, *times, parts, split_rows, paused_by), done_batches, sink = pipe.execute()
     started_at, first_taken_at, last_row_at = (float(t) if t else None for t in times)
     c = jobstate.counters(r, spec.name)
     finished = c["completed"] + c["failed"] + c["quarantined"]
@@ -100,6 +100,8 @@ def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, A
     dataset, version = dataset_state(sink)
     return {"quality_failed": quality_failed(sink),
         "state": job_state((state_raw or b"running").decode(), done), "done": done,
+        # Why a worker paused the job (--on-quality-warning pause), while it stays paused.
+        "paused_by": paused_by.decode() if paused_by and state_raw == b"paused" else None,
         "counters": c, "finished": finished, "done_batches": done_batches,
         "started_at": started, "first_taken_at": first_taken_at, "last_row_at": last_row_at,
         "elapsed_s": round(max(end - started, 0.0), 1),

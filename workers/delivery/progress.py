@@ -130,11 +130,15 @@ class ProgressRecorder:
     its completion, and a redelivered batch still resumes from every answered prompt."""
 
     def __init__(self, env: BatchEnv, job: str, batch: int, token: str,
-                 spec: JobSpec | None = None, fence: str | None = None) -> None:
+                 spec: JobSpec | None = None, fence: str | None = None,
+                 rows: list[PromptRow] | None = None) -> None:
         self._env, self._job, self._batch, self._token = env, job, batch, token
         self._fence = fence  # the key that must hold ``token`` (None: the batch's owner key)
         # The job's live quality tally (workers/delivery/quality_live.py), pushed per flush.
-        self._quality = LiveFold(spec) if spec is not None else None
+        # ``rows``: the batch's prompts, whose own parameters may ask for structured output.
+        self._quality = LiveFold(spec, [{"index": x.index, "params": x.params}
+                                        for x in rows or () if x.params]
+                                 ) if spec is not None else None
         self._spec = spec
         # Rows by manifest bucket (ok/truncated/failed/quarantined), recorded one bucket per call.
         self._buf: dict[str, list[tuple[str, bytes, str, int]]] = {}

@@ -1,14 +1,20 @@
 """The early quality warning of a running job: a live tally of its rows in Redis.
 
 Each batch run folds the rows it answers into a :class:`LiveFold` (the per-row figures of
-:mod:`workers.dataset.quality`: near-empty, missing reasoning, leftover markers, truncated,
-failed, quarantined) and adds it to the job's hash (``Keys.quality``) with each progress flush
-(workers/delivery/progress.py), a few seconds after the rows are answered. Once the tally
-holds ``FLEET_QUALITY_EARLY_ROWS`` rows (200 by default), a gate it breaks is a warning:
-``status`` shows it, Prometheus has ``fleet_job_quality_gate_failing`` and the worker that sees
-it first logs one line per gate. Figures across rows (identical answers, all-equal samples)
-are the sink's only. The tally is a warning, not the verdict: a redelivered batch may count a
-row twice; the sink's figures over the data set decide.
+:mod:`workers.dataset.quality`, ``quality_gates.PER_ROW``: near-empty, invalid form, missing
+reasoning, leftover markers, truncated, failed, quarantined) and adds it to the job's hash
+(``Keys.quality``) with each progress flush (workers/delivery/progress.py), a few seconds after
+the rows are answered. Once the tally holds ``FLEET_QUALITY_EARLY_ROWS`` rows (200 by default),
+a gate it breaks is a warning: ``status`` shows it, Prometheus has
+``fleet_job_quality_gate_failing`` and the worker that sees it first logs one line per gate.
+Figures across rows (identical answers, all-equal samples) are the sink's only. The tally is a
+warning, not the verdict: a redelivered batch may count a row twice; the sink's figures over
+the data set decide.
+
+A job enqueued with ``--on-quality-warning pause`` is paused by the worker that first sees a
+gate fail (once per gate: a job resumed by hand is not paused again for the same gate), as
+``fleet pause`` would: queued batches are dropped when taken, running ones finish, so no
+more than one batch per GPU runs after the warning; ``fleet resume`` sends the rest.
 """
 
 from __future__ import annotations
@@ -20,22 +26,42 @@ import redis
 import redis.asyncio as aioredis
 
 from workers.dataset.jobs import JobSpec
-from workers.dataset.quality import EXAMPLES, QualityTally, job_options
-from workers.dataset.quality_gates import evaluate, gate_line, thresholds
+from workers.dataset.quality import QualityTally, job_options
+from workers.dataset.quality_gates import (
+    COUNTERS,
+    EXAMPLES,
+    FIGURES,
+    PER_ROW,
+    evaluate,
+    gate_line,
+    shares,
+    thresholds,
+)
 from workers.delivery.jobstate import Keys
 
 log = logging.getLogger(__name__)
 
-PER_ROW = ("near_empty", "no_reasoning", "markers", "truncated", "failed", "quarantined")
-_OF = {"near_empty": "answered", "no_reasoning": "thinking", "markers": "thinking"}
+# The live figures: those a row decides, and the ones that add them up.
+LIVE = tuple(n for n, f in FIGURES.items() if f.per_row)
+# Pause the job once one of them fails, only if it is still running (not paused, cancelled).
+PAUSE_ON_WARNING = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == false or state == 'running' then
+  redis.call('HSET', KEYS[1], 'state', 'paused', 'paused_by', ARGV[1])
+  return 1
+end
+return 0
+"""
 
 
 class LiveFold:
-    """The per-row figures of the rows answered since the last :meth:`drain`."""
+    """The per-row figures of the rows answered since the last :meth:`drain`; ``rows``: the
+    batch's staged rows (their own request parameters, e.g. a structured output)."""
 
-    def __init__(self, spec: JobSpec) -> None:
+    def __init__(self, spec: JobSpec, rows: list[dict[str, Any]] | None = None) -> None:
         limits = thresholds(spec.quality)
         self._options = job_options(spec, int(limits["near_empty_tokens"]))
+        self._options.add_rows(rows)
         self._tally = self._new()
 
     def _new(self) -> QualityTally:
@@ -52,12 +78,14 @@ class LiveFold:
 
 
 async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows: int) -> None:
-    """Add ``tally`` to the job's live hash; log each gate the first time it fails."""
+    """Add ``tally`` to the job's live hash; log each gate the first time it fails, and
+    pause a job enqueued with ``--on-quality-warning pause`` (see the module docstring)."""
     key = Keys(spec.name).quality
+    counts = tally.counters()
     async with r.pipeline(transaction=False) as pipe:
-        pipe.hincrby(key, "rows", tally.rows)
-        pipe.hincrby(key, "answered", tally.answered)
-        pipe.hincrby(key, "thinking", tally.thinking)
+        for name in COUNTERS:
+            if name != "prompts_sampled":
+                pipe.hincrby(key, name, counts[name])
         for name in PER_ROW:
             fig = tally.figures[name]
             if fig.count:
@@ -68,23 +96,20 @@ async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows
     live = _live(await r.hgetall(key), {}, spec, early_rows)
     for gate in live["failed"]:
         if await r.hsetnx(key, f"warned:{gate['gate']}", 1):
+            line = gate_line(gate)
             log.warning("quality warning: job %s, first %d rows: %s", spec.name, live["rows"],
-                        gate_line(gate))
+                        line)
+            if spec.on_quality_warning == "pause" and await r.eval(
+                    PAUSE_ON_WARNING, 1, Keys(spec.name).job, f"quality warning: {line}"):
+                log.warning("job %s paused on its quality warning (fleet resume --job %s "
+                            "goes on)", spec.name, spec.name)
 
 
 def _live(raw: dict[bytes, bytes], examples: dict[str, list[str]], spec: JobSpec,
           early_rows: int) -> dict[str, Any]:
     counts = {k.decode(): int(v) for k, v in raw.items() if not k.startswith(b"warned:")}
     rows = counts.get("rows", 0)
-    figures = {}
-    for name in (*PER_ROW, "failed_or_quarantined"):
-        n = (counts.get("failed", 0) + counts.get("quarantined", 0)
-             if name == "failed_or_quarantined" else counts.get(name, 0))
-        of = counts.get(_OF.get(name, "rows"), 0)
-        ex = examples.get(name) or (examples.get("failed", []) + examples.get("quarantined", [])
-                                    if name == "failed_or_quarantined" else [])
-        figures[name] = {"count": n, "of": of, "share": round(n / of, 6) if of else 0.0,
-                         "examples": ex[:EXAMPLES]}
+    figures = shares(counts, examples, LIVE)
     failed = evaluate({"figures": figures}, thresholds(spec.quality)) if rows >= early_rows else []
     return {"rows": rows, "early_rows": early_rows, "figures": figures, "failed": failed,
             "warning": "; ".join(gate_line(g) for g in failed) or None}
