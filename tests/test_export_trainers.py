@@ -250,3 +250,27 @@ def test_a_finished_job_reaches_the_trainer_with_the_engine_s_ids(fleet_env, mak
         "*.parquet"))).to_pylist()
     assert all(row["output_ids"] and len(row["output_ids"]) == row["completion_tokens"]
                for row in data)
+
+
+def test_usable_only_leaves_out_the_rows_a_row_level_gate_fails(fleet_env, tmp_path, r):
+    """The answers cut at max_tokens go to the errors file with their reason; the rest (tool
+    calls, thinking off, plain) are usable, and every row is accounted for."""
+    folder = tokenizer_folder(tmp_path, "fixture")
+    make_trainer_job(fleet_env, transformers.AutoTokenizer.from_pretrained(str(folder)))
+    assert cli(fleet_env, "sink", "--job", "kinds", "--local").returncode == 0
+    for fmt in ("specforge", "hf"):
+        out = tmp_path / f"usable-{fmt}"
+        extra = ["--tokenizer", str(folder), "--max-differ", "0.2"] if fmt == "specforge" else []
+        res = cli(fleet_env, "export", "--job", "kinds", "--format", fmt, "--out", str(out),
+                  "--usable-only", *extra)
+        assert res.returncode == 0, res.stderr
+        assert "ok 14 + errors 2 = 16 rows" in res.stderr
+        errors = [orjson.loads(x) for x in (tmp_path / f"usable-{fmt}.errors.jsonl")
+                  .read_bytes().splitlines()]
+        assert {(e["input_id"], e["sample"], e["bucket"]) for e in errors} == {
+            ("truncated", 0, "truncated"), ("truncated", 1, "truncated")}
+        assert all("max_tokens" in e["error"] for e in errors)
+    assert "--usable-only" in (tmp_path / "usable-hf" / "README.md").read_text()
+    res = cli(fleet_env, "export", "--job", "kinds", "--format", "jsonl", "--out",
+              str(tmp_path / "x.jsonl"), "--usable-only")
+    assert res.returncode == 3 and "--usable-only applies to" in res.stderr

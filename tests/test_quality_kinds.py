@@ -74,6 +74,12 @@ KINDS = {
     "thinking off": Kind({"chat_template_kwargs": {"enable_thinking": False}},
                          {"messages": USER, "completion": LONG},
                          {"messages": USER, "completion": "  "}, "near_empty"),
+    "thinking off (the row's own chat_template_kwargs)": Kind(
+        {}, {"messages": USER, "completion": LONG}, {"messages": USER, "completion": "  "},
+        "near_empty", own={"chat_template_kwargs": {"enable_thinking": False}}),
+    "thinking off (the row's own reasoning_effort none)": Kind(
+        {}, {"messages": USER, "completion": LONG}, {"messages": USER, "completion": "\n"},
+        "near_empty", own={"reasoning_effort": "none"}),
     "tools: a call": Kind({"chat_template_kwargs": {"enable_thinking": False}},
                           {"messages": USER, "completion": None, "finish_reason": "tool_calls",
                            "tool_calls": _calls('{"city": "Paris"}'), "completion_tokens": 12},

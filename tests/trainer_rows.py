@@ -109,7 +109,8 @@ def _sent(row: PromptRow) -> tuple[list[dict[str, Any]] | None, list[Any] | None
 def _answer(row: PromptRow, sample: int) -> dict[str, Any]:
     """What the parsers made of the generated text: content, reasoning, tool calls."""
     if row.id == "plain":
-        return {"completion": f"\n    return a + b  # {sample}", "reasoning": None}
+        return {"completion": f"\n    total = a + b\n    print(total, {sample})\n    return total",
+                "reasoning": None}
     if row.id == "tool-call":
         call = {"id": f"call_{sample}", "type": "function",
                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}
@@ -119,8 +120,10 @@ def _answer(row: PromptRow, sample: int) -> dict[str, Any]:
         return {"completion": "", "reasoning": f"Let me think about {sample} and",
                 "finish_reason": "length"}
     if row.id == "no-thinking":
-        return {"completion": f"4, sample {sample}", "reasoning": None}
-    return {"completion": f"It is {4 + sample}.", "reasoning": f"add the numbers {sample}"}
+        return {"completion": f"Four: two and two make four, as {row.id} sample {sample} says.",
+                "reasoning": None}
+    return {"completion": f"It is {4 + sample}: two and two make four, says {row.id}.",
+            "reasoning": f"add the numbers {sample}"}
 
 
 def engine_tokens(tok: Any, row: PromptRow, ans: dict[str, Any]) -> tuple[list[int], list[int]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producer.exports.source import DataSet, ExportRun, Judge, Tally, errors_path
+from producer.exports.source import DataSet, ExportRun, Tally, errors_path
 from workers.dataset.store import Store
 from workers.errors import JobError
 
@@ -64,10 +64,11 @@ MAX_DIFFER = 0.02
 
 
 def export(store: Store, job: str, fmt: str, out: Path, tokenizer: Path | None = None,
-           *, judge: Judge | None = None, license_id: str = "other",
+           *, usable_only: bool = False, license_id: str = "other",
            max_differ: float = MAX_DIFFER) -> dict[str, Any]:
     """Write the data set of ``job`` to ``out`` in ``fmt``; return what was written:
     ``lines`` (of the output), ``ok`` and ``errors`` (data-set rows; their sum is ``rows``).
+    ``usable_only``: rows that fail a row-level quality gate go to the errors file too.
     A token export whose rows differ from the engine's past ``max_differ`` is written, and
     ``inexact`` says why, naming rows."""
     from producer.exports.training import default_tokenizer, inexact
@@ -77,11 +78,15 @@ def export(store: Store, job: str, fmt: str, out: Path, tokenizer: Path | None =
         raise JobError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     if tokenizer is not None and not form.tokens:
         raise JobError(f"--tokenizer applies to --format {', '.join(tokenizer_formats())} only")
-    if judge is not None and not form.errors_file:
+    if usable_only and not form.errors_file:
         raise JobError("--usable-only applies to --format "
                        + ", ".join(f.name for f in FORMATS.values() if f.errors_file))
     data = DataSet.open(store, job)
-    run = ExportRun(judge=judge, license=license_id)
+    run = ExportRun(license=license_id)
+    if usable_only:
+        from producer.exports.usable import RowGates
+
+        run.judge = RowGates(data)
     if form.tokens:
         from producer.exports.engine_tokens import Checks, EngineTokens
 

@@ -129,6 +129,14 @@ class QualityOptions:
     sampled: bool = False
     job_constraint: Constraint | None = None
     row_constraints: dict[int, Constraint] = field(default_factory=dict)
+    # Rows in view whose own request turned thinking off (their chat_template_kwargs'
+    # enable_thinking false, or reasoning_effort "none"): not of thinking mode.
+    row_no_thinking: set[int] = field(default_factory=set)
+
+    def is_thinking(self, row: dict[str, Any]) -> bool:
+        """Whether ``row`` is of thinking mode: the job's rule, unless its own request
+        turned thinking off."""
+        return self.thinking(row) and row.get("index") not in self.row_no_thinking
 
     def constraint(self, row: dict[str, Any]) -> Constraint | None:
         """The structured output ``row`` was asked for: its own, else the job's."""
@@ -143,12 +151,18 @@ class QualityOptions:
         """Staged rows (``index``, ``params``) now in view: their own structured output."""
         seen: dict[Constraint, Constraint] = {}
         for r in rows or ():
-            if r.get("params") and (c := constraint_of(r["params"])) is not None:
+            params = r.get("params")
+            if not params:
+                continue
+            if (c := constraint_of(params)) is not None:
                 self.row_constraints[int(r["index"])] = seen.setdefault(c, c)
+            if thinking_off(params):
+                self.row_no_thinking.add(int(r["index"]))
 
     def clear_rows(self) -> None:
         """Forget the rows in view (:meth:`add_rows`)."""
         self.row_constraints = {}
+        self.row_no_thinking = set()
 
 
 class Verdict(NamedTuple):
@@ -195,7 +209,7 @@ def judge(row: dict[str, Any], options: QualityOptions) -> Verdict:
         kind = "text"
         flags = ["near_empty"] if _near_empty(row, answer, bool(reasoning or marked),
                                               options.near_empty_tokens) else []
-    thinking = options.thinking(row)
+    thinking = options.is_thinking(row)
     if thinking:
         if not reasoning or reasoning.isspace():
             flags.append("no_reasoning")
@@ -358,14 +372,21 @@ def _reasoning_parser(profile: str) -> bool:
         return False
 
 
+def thinking_off(params: dict[str, Any]) -> bool:
+    """Whether request parameters turn thinking off (``chat_template_kwargs.enable_thinking``
+    false, or ``reasoning_effort: "none"``, which SGLang maps to it)."""
+    kwargs = params.get("chat_template_kwargs") or {}
+    return (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False) or \
+        params.get("reasoning_effort") == "none"
+
+
 def job_options(spec: Any, near_empty_tokens: int) -> QualityOptions:
     """The measurement's options for a job (a :class:`workers.dataset.jobs.JobSpec`): a row is
     of thinking mode when its engine's launch has a reasoning parser, it went through the chat
     route, and the job did not turn thinking off."""
     sampling = spec.sampling
-    kwargs = sampling.chat_template_kwargs or {}
-    off = kwargs.get("enable_thinking") is False or sampling.params.get(
-        "reasoning_effort") == "none"
+    off = thinking_off({**sampling.params,
+                        "chat_template_kwargs": sampling.chat_template_kwargs or {}})
     parsers: dict[str, bool] = {}
 
     def thinking(row: dict[str, Any]) -> bool:

@@ -21,13 +21,15 @@ EXAMPLES = 5  # example row ids kept per figure
 @dataclass(frozen=True)
 class FigureDef:
     """One quality figure: the counter it is a share of, the default of its gate (None: no
-    gate of its own), whether it is counted row by row (so the live tally has it too) and,
-    for a figure that adds others up, which."""
+    gate of its own), whether it is counted row by row (so the live tally has it too), for a
+    figure that adds others up, which, and what it says of a row (the reason a row is left
+    out of an export by ``--usable-only``)."""
 
     of: str
     gate: float | None
     per_row: bool = True
     sum_of: tuple[str, ...] = ()
+    about: str = ""
 
 
 # The figures and their gates, declared once: QualityTally counts them, its report and the
@@ -37,11 +39,13 @@ class FigureDef:
 # output), ``thinking`` thinking-mode rows; a row cut at max_tokens is counted under
 # ``truncated`` alone, so it is none of texts, formed or thinking (workers/dataset/quality.py).
 FIGURES: dict[str, FigureDef] = {
-    "near_empty": FigureDef("texts", 0.01),
-    "invalid": FigureDef("formed", 0.01),
-    "no_reasoning": FigureDef("thinking", 0.01),
-    "markers": FigureDef("thinking", 0.01),
-    "truncated": FigureDef("rows", 0.05),
+    "near_empty": FigureDef("texts", 0.01, about="the answer is blank or under "
+                            "near_empty_tokens tokens once the reasoning is split off"),
+    "invalid": FigureDef("formed", 0.01, about="its tool calls or structured output do not "
+                         "parse or match what was asked"),
+    "no_reasoning": FigureDef("thinking", 0.01, about="a thinking-mode row with no reasoning"),
+    "markers": FigureDef("thinking", 0.01, about="<think> markers left in the answer"),
+    "truncated": FigureDef("rows", 0.05, about="cut at max_tokens (finish_reason length)"),
     "failed": FigureDef("rows", None),
     "quarantined": FigureDef("rows", None),
     "failed_or_quarantined": FigureDef("rows", 0.01, sum_of=("failed", "quarantined")),

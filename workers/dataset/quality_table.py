@@ -144,7 +144,10 @@ def _thinking_mask(tally: QualityTally, t: Any, pc: Any) -> Any:
     plain = [p for p in chat_rows if probe({"profile": p, "messages": None})]
     import pyarrow as pa
 
-    in_chat = pc.fill_null(pc.is_in(t["profile"], value_set=pa.array(chat_rows)), False)
-    if set(plain) == set(chat_rows):
-        return in_chat
-    return pc.and_(in_chat, pc.is_valid(t["messages"]))
+    mask = pc.fill_null(pc.is_in(t["profile"], value_set=pa.array(chat_rows)), False)
+    if set(plain) != set(chat_rows):
+        mask = pc.and_(mask, pc.is_valid(t["messages"]))
+    if off := tally.options.row_no_thinking:  # rows whose own request turned thinking off
+        mask = pc.and_(mask, pc.invert(pc.is_in(t["index"], value_set=pa.array(
+            sorted(off), t["index"].type))))
+    return mask
