@@ -47,7 +47,13 @@ TEMPLATES = {
                        "{%- endif %}" + BASE),
     # A turn ends at its end token: nothing after it.
     "no_newline": BASE.replace("'<|im_end|>\\n'", "'<|im_end|>'"),
+    # DeepSeek-R1's way: a generated turn's reasoning is not printed back.
+    "drops_reasoning": BASE.replace(
+        "{%- if message['role'] == 'assistant' and message.get('reasoning_content') is not none "
+        "%}{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' }}{%- endif %}",
+        ""),
 }
+assert TEMPLATES["drops_reasoning"] != BASE
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -147,17 +153,23 @@ def engine_tokens(tok: Any, row: PromptRow, ans: dict[str, Any]) -> tuple[list[i
     while n < min(len(text), len(full)) and text[n] == full[n]:
         n += 1
     generated = full[n:]
+    if ans.get("reasoning") and ans["reasoning"] not in generated:  # the template drops it
+        generated = f"<think>\n{ans['reasoning']}\n</think>\n\n{generated}"
     end = generated.rfind("<|im_end|>")
     if ans.get("finish_reason") == "length":
         last = ans["completion"] or ans["reasoning"]
         generated = generated[:generated.rfind(last) + len(last)]
     else:
         generated = generated[:end + len("<|im_end|>")]
-    if row.id == "multi-turn":  # the model's own, non-canonical split of its first word
-        head, rest = generated[:2], generated[2:]
-        return ctx, ([tok.convert_tokens_to_ids(c) for c in tok.tokenize(head[0])]
-                     + tok.encode(head[1:], add_special_tokens=False)
-                     + tok.encode(rest, add_special_tokens=False))
+    if row.id == "multi-turn":  # the model spelled one word of its answer letter by letter
+        at = generated.index(ans["completion"])
+        words = tok.tokenize(ans["completion"])
+        k = next(i for i, w in enumerate(words) if len(w) > 1)
+        spelled = [*words[:k], *words[k], *words[k + 1:]]
+        return ctx, (tok.encode(generated[:at], add_special_tokens=False)
+                     + tok.convert_tokens_to_ids(spelled)
+                     + tok.encode(generated[at + len(ans["completion"]):],
+                                  add_special_tokens=False))
     return ctx, tok.encode(generated, add_special_tokens=False)
 
 

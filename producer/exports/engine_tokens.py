@@ -26,8 +26,9 @@ Without them, the answer re-tokenized: the conversation with the generated turn 
 template, the text after the context, through the template's end-of-turn token when that is a
 stop token of the model (not what follows it, e.g. the newline after ``<|im_end|>``); a
 truncated answer ends at its last character. Where both exist they are compared: a row whose
-re-tokenized answer is not the engine's ids, or whose context length is not the engine's
-count, is counted as differing (:class:`Checks`).
+re-tokenized answer is not the engine's ids (their tail, where the template does not print a
+generated turn's reasoning, as DeepSeek-R1's does not), or whose context length is not the
+engine's count, is counted as differing (:class:`Checks`).
 
 Needs ``transformers`` (the ``export`` extra: ``pip install 'gpu-batch-fleet[export]'``).
 """
@@ -185,6 +186,14 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
+def _same(engine: list[int], retok: list[int], tail_only: bool) -> bool:
+    """Whether the re-tokenized answer is the engine's ids (``tail_only``: the answer holds
+    what follows the reasoning, which the template does not print: the ids' tail)."""
+    if tail_only:
+        return len(retok) <= len(engine) and engine[len(engine) - len(retok):] == retok
+    return engine == retok
+
+
 class EngineTokens:
     """A model folder's tokenizer and chat template, used as the engine used them."""
 
@@ -242,34 +251,43 @@ class EngineTokens:
             return []
         return [e.ids for e in self._encode(texts, add_special_tokens=special)]
 
+    def _chat_answer(self, rec: dict[str, Any], sent: Sent) -> tuple[str, str, bool, bool]:
+        """(context text, answer text, whether a stop token follows the answer unprinted,
+        whether the answer is only what follows an unprinted reasoning) of a chat row."""
+        finished = rec.get("finish_reason") != "length"
+        msgs = template_messages(sent.messages or [])
+        ctx = self._render(msgs, sent, True)
+        full = self._render([*msgs, generated_turn(rec)], sent, False)
+        answer = full[_common_prefix(ctx, full):]
+        tail, has_stop = self.end_of_turn(sent)
+        cut = answer.rfind(tail) if tail else -1
+        if cut >= 0:
+            answer = answer[:cut] + (tail if finished and has_stop else "")
+        last = rec.get("completion") or rec.get("reasoning") or ""
+        if not finished and last and (end := answer.rfind(last)) >= 0:
+            answer = answer[:end + len(last)]  # the template's closers were not generated
+        reasoning = (rec.get("reasoning") or "").strip()
+        # A template that does not print a generated turn's reasoning: the answer is the rest.
+        return ctx, answer, finished and not has_stop, bool(reasoning) and reasoning not in answer
+
     def rows(self, recs: list[dict[str, Any]], sents: list[Sent]) -> list[TrainingRow]:
         """Training rows of answered data-set rows and the requests they answered."""
         chat_ctx: dict[int, str] = {}
         answers: dict[int, str] = {}
         plain: dict[int, str] = {}
         eos_after: set[int] = set()
+        tail_only: set[int] = set()
         for n, (rec, sent) in enumerate(zip(recs, sents, strict=True)):
-            finished = rec.get("finish_reason") != "length"
             if sent.messages is None:
                 plain[n] = sent.prompt or ""
                 answers[n] = rec.get("completion") or ""
-                if finished and rec.get("finish_reason") == "stop":
-                    eos_after.add(n)
-                continue
-            msgs = template_messages(sent.messages)
-            ctx = chat_ctx[n] = self._render(msgs, sent, True)
-            full = self._render([*msgs, generated_turn(rec)], sent, False)
-            answer = full[_common_prefix(ctx, full):]
-            tail, has_stop = self.end_of_turn(sent)
-            cut = answer.rfind(tail) if tail else -1
-            if cut >= 0:
-                answer = answer[:cut] + (tail if finished and has_stop else "")
-            last = rec.get("completion") or rec.get("reasoning") or ""
-            if not finished and last and (end := answer.rfind(last)) >= 0:
-                answer = answer[:end + len(last)]  # the template's closers were not generated
-            if finished and not has_stop:
+                stop = rec.get("finish_reason") == "stop"
+            else:
+                chat_ctx[n], answers[n], stop, tail = self._chat_answer(rec, sent)
+                if tail:
+                    tail_only.add(n)
+            if stop:
                 eos_after.add(n)
-            answers[n] = answer
         ctx_ids = dict(zip(chat_ctx, self._encode_texts(list(chat_ctx.values()), False),
                            strict=True))
         ctx_ids.update(zip(plain, self._encode_texts(list(plain.values()), True), strict=True))
@@ -286,7 +304,7 @@ class EngineTokens:
             expected = int(rec.get("prompt_tokens") or 0)
             if expected and len(context) != expected:
                 row.differs = "context"
-            elif engine is not None and list(engine) != retok:
+            elif engine is not None and not _same(list(engine), retok, n in tail_only):
                 row.differs = "answer"
             out.append(row)
         return out
