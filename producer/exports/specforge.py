@@ -15,31 +15,22 @@ does not read them. Failed and quarantined rows go to ``<out>.errors.jsonl`` wit
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import orjson
+from producer.exports.source import DataSet, ExportRun, Tally
+from producer.exports.training import Row, write_jsonl_rows
 
-from producer.exports.source import DataSet, ExportRun, Tally, atomic_file, error_file, kept_columns
-from producer.exports.training import training_rows
+
+def _line(row: Row) -> dict[str, Any]:
+    line = {"id": row.id, "input_id": row.rec["id"], "sample": row.rec.get("sample") or 0,
+            "input_ids": row.tokens.input_ids, "loss_mask": row.tokens.loss_mask,
+            "conversations": row.conversation}
+    if row.tools:
+        line["tools"] = row.tools
+    line["finish_reason"] = row.rec.get("finish_reason")
+    return line
 
 
 def write_specforge(data: DataSet, out: Path, run: ExportRun) -> Tally:
     """Write the SpecForge JSONL of ``data`` to ``out`` (and its errors side file)."""
-    tally = Tally()
-    with atomic_file(out) as tmp, tmp.open("wb") as fh, error_file(out) as errors, \
-            data.tables() as tables:
-        for rows in training_rows(data, run, tables, errors):
-            for row in rows:
-                line = {"id": row.id, "input_id": row.rec["id"],
-                        "sample": row.rec.get("sample") or 0,
-                        "input_ids": row.tokens.input_ids, "loss_mask": row.tokens.loss_mask,
-                        "conversations": row.conversation}
-                if row.tools:
-                    line["tools"] = row.tools
-                line["finish_reason"] = row.rec.get("finish_reason")
-                if kept := kept_columns(row.rec):
-                    line["columns"] = kept
-                fh.write(orjson.dumps(line, default=str) + b"\n")
-            tally.ok += len(rows)
-        tally.errors = errors.count
-    tally.lines = tally.ok
-    return tally
+    return write_jsonl_rows(data, out, run, lambda rows: [_line(row) for row in rows])

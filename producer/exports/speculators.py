@@ -15,38 +15,33 @@ the answer is the engine's own ids, and the kept input columns go under ``column
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import orjson
+from producer.exports.source import DataSet, ExportRun, Tally
+from producer.exports.training import Row, write_jsonl_rows
 
-from producer.exports.source import DataSet, ExportRun, Tally, atomic_file, error_file, kept_columns
-from producer.exports.training import training_rows
+
+def _line(row: Row, text: str, sampling: dict[str, Any]) -> dict[str, Any]:
+    rec = row.rec
+    return {"id": f"{row.primary_id}_gen{rec.get('sample') or 0}",
+            "primary_id": row.primary_id, "input_ids": row.tokens.input_ids,
+            "loss_mask": row.tokens.loss_mask, "text": text,
+            "metadata": {
+                "idx": rec["index"], "input_id": rec["id"], "sample": rec.get("sample") or 0,
+                "finish_reason": rec.get("finish_reason"),
+                "is_tool_call": bool(rec.get("tool_calls")),
+                "usage": {"prompt_tokens": rec.get("prompt_tokens") or 0,
+                          "completion_tokens": rec.get("completion_tokens") or 0},
+                "sampling_params": sampling, "profile": rec.get("profile"),
+                "engine_ids": row.tokens.engine_ids}}
 
 
 def write_speculators(data: DataSet, out: Path, run: ExportRun) -> Tally:
     """Write the speculators JSONL of ``data`` to ``out`` (and its errors side file)."""
-    tally, sampling = Tally(), data.sampling
-    with atomic_file(out) as tmp, tmp.open("wb") as fh, error_file(out) as errors, \
-            data.tables() as tables:
-        for rows in training_rows(data, run, tables, errors):
-            texts = run.engine.decode([row.tokens.input_ids for row in rows])
-            for row, text in zip(rows, texts, strict=True):
-                rec = row.rec
-                line = {"id": f"{row.primary_id}_gen{rec.get('sample') or 0}",
-                        "primary_id": row.primary_id, "input_ids": row.tokens.input_ids,
-                        "loss_mask": row.tokens.loss_mask, "text": text,
-                        "metadata": {
-                            "idx": rec["index"], "input_id": rec["id"],
-                            "sample": rec.get("sample") or 0,
-                            "finish_reason": rec.get("finish_reason"),
-                            "is_tool_call": bool(rec.get("tool_calls")),
-                            "usage": {"prompt_tokens": rec.get("prompt_tokens") or 0,
-                                      "completion_tokens": rec.get("completion_tokens") or 0},
-                            "sampling_params": sampling, "profile": rec.get("profile"),
-                            "engine_ids": row.tokens.engine_ids}}
-                if kept := kept_columns(rec):
-                    line["columns"] = kept
-                fh.write(orjson.dumps(line, default=str) + b"\n")
-            tally.ok += len(rows)
-        tally.errors = errors.count
-    tally.lines = tally.ok
-    return tally
+    sampling = data.sampling
+
+    def lines(rows: list[Row]) -> list[dict[str, Any]]:
+        texts = run.engine.decode([row.tokens.input_ids for row in rows])
+        return [_line(row, text, sampling) for row, text in zip(rows, texts, strict=True)]
+
+    return write_jsonl_rows(data, out, run, lines)

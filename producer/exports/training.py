@@ -8,16 +8,26 @@ exact, and says so naming rows (:func:`check_exact`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from producer.exports.conversation import content_id, conversation, row_tools
 from producer.exports.engine_tokens import Checks, EngineTokens, TrainingRow
 from producer.exports.sent import Sent, SentRequests
-from producer.exports.source import DataSet, ErrorFile, ExportRun
+from producer.exports.source import (
+    DataSet,
+    ErrorFile,
+    ExportRun,
+    Tally,
+    atomic_file,
+    error_file,
+    kept_columns,
+)
 from workers.errors import JobError
 
 # Rows tokenized together (one batched encode).
@@ -82,6 +92,24 @@ def training_rows(data: DataSet, run: ExportRun, tables: Iterator[Any], errors: 
                 checks.add(str(row.rec["id"]), row.tokens,
                            bool(row.rec.get("prompt_tokens")) or row.tokens.engine_ids)
             yield rows
+
+
+def write_jsonl_rows(data: DataSet, out: Path, run: ExportRun,
+                     lines: Callable[[list[Row]], list[dict[str, Any]]]) -> Tally:
+    """Write one JSONL line per training row (``lines`` shapes a chunk of them; the kept
+    input columns go under ``columns``) and the errors side file."""
+    tally = Tally()
+    with atomic_file(out) as tmp, tmp.open("wb") as fh, error_file(out) as errors, \
+            data.tables() as tables:
+        for rows in training_rows(data, run, tables, errors):
+            for row, line in zip(rows, lines(rows), strict=True):
+                if kept := kept_columns(row.rec):
+                    line["columns"] = kept
+                fh.write(orjson.dumps(line, default=str) + b"\n")
+            tally.ok += len(rows)
+        tally.errors = errors.count
+    tally.lines = tally.ok
+    return tally
 
 
 def inexact(checks: Checks, max_differ: float) -> str | None:
