@@ -282,6 +282,9 @@ def export(
         False, "--usable-only", help="specforge, speculators, tokens, hf: also leave out, into "
         "the errors file with the reason, rows that fail a row-level quality gate "
         "(near_empty, invalid, no_reasoning, markers, truncated)"),
+    input_turns: bool = typer.Option(
+        False, "--train-input-turns", help="specforge, speculators, tokens: also supervise the "
+        "input's own assistant turns (context the engine was sent, not its output)"),
 ) -> None:
     """Write a job's data set for its reader: the data set as it is (parquet, jsonl), an
     OpenAI Batch output file, or a drafter trainer's input (specforge, speculators, tokens,
@@ -292,7 +295,7 @@ def export(
     store = open_store(settings.store_url, settings.s3)
     load_spec(store, job)  # "no job ...", not "no data set yet", for a job that is not there
     done = export_job(store, job, fmt, out_path, tokenizer, license_id=license_id,
-                      max_differ=max_differ, usable_only=usable_only)
+                      max_differ=max_differ, usable_only=usable_only, input_turns=input_turns)
     for line in export_summary(done):
         err().print(line, soft_wrap=True)
     if done.get("inexact"):

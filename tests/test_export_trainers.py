@@ -274,3 +274,32 @@ def test_usable_only_leaves_out_the_rows_a_row_level_gate_fails(fleet_env, tmp_p
     res = cli(fleet_env, "export", "--job", "kinds", "--format", "jsonl", "--out",
               str(tmp_path / "x.jsonl"), "--usable-only")
     assert res.returncode == 3 and "--usable-only applies to" in res.stderr
+
+
+def test_train_input_turns_supervises_the_input_s_own_assistant_turns(fleet_env, tmp_path, r):
+    """By default an input's earlier assistant turns are context (mask 0); asked, they are
+    supervised from the text after their header through their end token, as SpecForge does."""
+    folder = tokenizer_folder(tmp_path, "fixture")
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    truth = make_trainer_job(fleet_env, tok)
+    assert cli(fleet_env, "sink", "--job", "kinds", "--local").returncode == 0
+    out = tmp_path / "turns.parquet"
+    res = cli(fleet_env, "export", "--job", "kinds", "--format", "tokens", "--out", str(out),
+              "--tokenizer", str(folder), "--max-differ", "0.2", "--train-input-turns")
+    assert res.returncode == 0, res.stderr
+    got = _exported(out, "tokens")
+    head, end = "<|im_start|>assistant\n", "<|im_end|>"
+    for key, (ids, mask) in truth.items():
+        n_ctx = mask.index(1)
+        text = tok.decode(ids[:n_ctx], skip_special_tokens=False)
+        want = list(mask)
+        at, prompt = text.find(head), text.rfind(head)  # the last: the generation prompt
+        while 0 <= at < prompt:  # the context's own assistant turns
+            start = at + len(head)
+            stop = text.index(end, start) + len(end)
+            a = len(tok.encode(text[:start], add_special_tokens=False))
+            b = len(tok.encode(text[:stop], add_special_tokens=False))
+            want[a:b] = [1] * (b - a)
+            at = text.find(head, stop)
+        assert got[key]["loss_mask"] == want, key
+        assert (want != mask) == (key[0] in ("multi-turn", "tool-history")), key

@@ -65,10 +65,11 @@ MAX_DIFFER = 0.02
 
 def export(store: Store, job: str, fmt: str, out: Path, tokenizer: Path | None = None,
            *, usable_only: bool = False, license_id: str = "other",
-           max_differ: float = MAX_DIFFER) -> dict[str, Any]:
+           max_differ: float = MAX_DIFFER, input_turns: bool = False) -> dict[str, Any]:
     """Write the data set of ``job`` to ``out`` in ``fmt``; return what was written:
     ``lines`` (of the output), ``ok`` and ``errors`` (data-set rows; their sum is ``rows``).
-    ``usable_only``: rows that fail a row-level quality gate go to the errors file too.
+    ``usable_only``: rows that fail a row-level quality gate go to the errors file too;
+    ``input_turns``: the token formats supervise the input's own assistant turns too.
     A token export whose rows differ from the engine's past ``max_differ`` is written, and
     ``inexact`` says why, naming rows."""
     from producer.exports.training import default_tokenizer, inexact
@@ -78,6 +79,9 @@ def export(store: Store, job: str, fmt: str, out: Path, tokenizer: Path | None =
         raise JobError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     if tokenizer is not None and not form.tokens:
         raise JobError(f"--tokenizer applies to --format {', '.join(tokenizer_formats())} only")
+    if input_turns and not form.tokens:
+        raise JobError(f"--train-input-turns applies to --format "
+                       f"{', '.join(tokenizer_formats())} only")
     if usable_only and not form.errors_file:
         raise JobError("--usable-only applies to --format "
                        + ", ".join(f.name for f in FORMATS.values() if f.errors_file))
@@ -90,7 +94,7 @@ def export(store: Store, job: str, fmt: str, out: Path, tokenizer: Path | None =
     if form.tokens:
         from producer.exports.engine_tokens import Checks, EngineTokens
 
-        run.engine = EngineTokens(tokenizer or default_tokenizer(data))
+        run.engine = EngineTokens(tokenizer or default_tokenizer(data), input_turns)
         run.checks = Checks()
     tally = form.write(data, out, run)
     if tally.rows != data.rows:

@@ -61,6 +61,9 @@ class TrainingRow:
     engine_ids: bool
     # Why the row differs from the engine ("" where it agrees or nothing could be compared).
     differs: str = ""
+    # [start, end) token spans of the context that are supervised too (--train-input-turns:
+    # the input's own assistant turns).
+    context_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def input_ids(self) -> list[int]:
@@ -69,8 +72,11 @@ class TrainingRow:
 
     @property
     def loss_mask(self) -> list[int]:
-        """0 over the context, 1 over the answer."""
-        return [0] * len(self.context) + [1] * len(self.answer)
+        """0 over the context (but its supervised spans), 1 over the answer."""
+        mask = [0] * len(self.context)
+        for start, end in self.context_spans:
+            mask[start:end] = [1] * (end - start)
+        return mask + [1] * len(self.answer)
 
 
 @dataclass
@@ -197,8 +203,10 @@ def _same(engine: list[int], retok: list[int], tail_only: bool) -> bool:
 class EngineTokens:
     """A model folder's tokenizer and chat template, used as the engine used them."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, input_turns: bool = False) -> None:
         self.path = path
+        # --train-input-turns: the input's own assistant turns are supervised too.
+        self.input_turns = input_turns
         self.tok = _load(path)
         self.stop_ids = _stop_ids(self.tok, path)
         backend = self.tok.backend_tokenizer
@@ -270,6 +278,27 @@ class EngineTokens:
         # A template that does not print a generated turn's reasoning: the answer is the rest.
         return ctx, answer, finished and not has_stop, bool(reasoning) and reasoning not in answer
 
+    def _input_turns(self, ctx: str, sent: Sent) -> list[tuple[int, int]]:
+        """Character spans of the context's assistant turns (the input's own): from where the
+        template opens the turn's content through its stop token, as SpecForge masks them."""
+        msgs = template_messages(sent.messages or [])
+        stop, has_stop = self.end_of_turn(sent)
+        spans = []
+        for i, m in enumerate(msgs):
+            if m.get("role") != "assistant":
+                continue
+            start = _common_prefix(self._render(msgs[:i], sent, True), ctx)
+            end = ctx.find(stop, start) if has_stop else -1
+            if end >= 0:
+                spans.append((start, end + len(stop)))
+        return spans
+
+    def _token_spans(self, ctx: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Character spans as token spans of ``ctx``: the encoded length of the text before
+        each end (SpecForge's arithmetic)."""
+        cuts = self._encode_texts([ctx[:c] for span in spans for c in span], False)
+        return [(len(cuts[2 * k]), len(cuts[2 * k + 1])) for k in range(len(spans))]
+
     def rows(self, recs: list[dict[str, Any]], sents: list[Sent]) -> list[TrainingRow]:
         """Training rows of answered data-set rows and the requests they answered."""
         chat_ctx: dict[int, str] = {}
@@ -306,6 +335,9 @@ class EngineTokens:
                 row.differs = "context"
             elif engine is not None and not _same(list(engine), retok, n in tail_only):
                 row.differs = "answer"
+            if self.input_turns and n in chat_ctx:
+                row.context_spans = self._token_spans(
+                    chat_ctx[n], self._input_turns(chat_ctx[n], sents[n]))
             out.append(row)
         return out
 
