@@ -138,7 +138,7 @@ def verify(
     job: str = typer.Option(..., "--job", help="Job name"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
     quality: list[str] = typer.Option(None, "--quality", metavar="KEY=VALUE",
-                                      help="Override a quality gate of the job (near_empty=2%%"
+                                      help="Override a quality gate of the job (near_empty=2%"
                                       ", truncated=0.1; docs/output.md)"),
 ) -> None:
     """Check from the result store alone that every prompt is there exactly once (exit 1 if

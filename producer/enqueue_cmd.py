@@ -12,6 +12,10 @@ from typing import Any
 
 import typer
 
+# --help groups the flags in panels: each panel's table is laid out on its own, so at 80
+# columns no long flag name (--drop-unsupported-sampling) is cut to fit another's help.
+SAMPLING, CHAT, ROWS, STORE = \
+    "Sampling", "Chat", "Input rows", "Store, reuse and quality"
 INPUT_HELP = ("Prompts: a .jsonl[.gz] (prompt / messages / OpenAI-batch lines) or .parquet "
               "file, a folder of them, s3://bucket/key or s3://bucket/prefix/ of parts, or "
               "another fsspec URL (its filesystem package installed)")
@@ -50,48 +54,60 @@ def enqueue_command(
                                    help="Prompts per batch, fixed per job (default: "
                                    "FLEET_BATCH_SIZE's 500 or 4 x the live GPUs' in-flight "
                                    "budget, cut so every live GPU gets 2+ batches)"),
-    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1, metavar="N",
+                                       rich_help_panel=SAMPLING,
                                        help="Ceiling on generated tokens per prompt: a row's "
                                        "own max_tokens applies only when it is lower "
                                        "(requeue-failed --max-new-tokens lifts it)"),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
-    top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, metavar="T",
+                                      rich_help_panel=SAMPLING, help="Sampling temperature"),
+    top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, metavar="P",
+                                rich_help_panel=SAMPLING, help="Nucleus sampling"),
     sampling: list[str] = typer.Option(None, "--sampling", metavar="KEY=VALUE",
+                                       rich_help_panel=SAMPLING,
                                        help="Any SGLang sampling parameter, repeatable "
                                        "(top_k=20, min_p=0, stop='[\"END\"]'); values are "
                                        "JSON when they parse; OpenAI names (seed, max_tokens) "
                                        "are mapped. A row's own parameters override these"),
-    chat: bool = typer.Option(False, "--chat", help="Send plain prompts as one user message "
+    chat: bool = typer.Option(False, "--chat", rich_help_panel=CHAT,
+                              help="Send plain prompts as one user message "
                               "through the chat template instead of raw /generate text"),
-    system_prompt: str = typer.Option(None, "--system-prompt", help="System message for chat "
-                                      "requests that have none of their own (implies --chat)"),
+    system_prompt: str = typer.Option(None, "--system-prompt", rich_help_panel=CHAT,
+                                      help="System message for chat requests that have none "
+                                      "of their own (implies --chat)"),
     chat_template_kwargs: str = typer.Option(None, "--chat-template-kwargs", metavar="JSON",
+                                             rich_help_panel=CHAT,
                                              help="e.g. '{\"enable_thinking\": false}' "
                                              "(implies --chat; a row's own keys win)"),
     drop_unsupported: bool = typer.Option(False, "--drop-unsupported-sampling",
+                                          rich_help_panel=ROWS,
                                           help="Drop row parameters the engine would refuse "
                                           "(counted in the job record) instead of refusing "
                                           "the input"),
-    prompt_column: str = typer.Option("prompt", "--prompt-column", help="Column of prompts"),
-    messages_column: str = typer.Option("messages", "--messages-column",
+    prompt_column: str = typer.Option("prompt", "--prompt-column", rich_help_panel=ROWS,
+                                      help="Column of prompts"),
+    messages_column: str = typer.Option("messages", "--messages-column", rich_help_panel=ROWS,
                                         help="Column of chat messages"),
-    id_column: str = typer.Option("id", "--id-column", help="Column of row ids"),
-    reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
-                                   "(same prompt, sampling and profile) instead of regenerating"),
+    id_column: str = typer.Option("id", "--id-column", rich_help_panel=ROWS,
+                                  help="Column of row ids"),
+    reuse_from: str = typer.Option(None, "--reuse-from", rich_help_panel=STORE,
+                                   help="Copy finished rows of this job (same prompt, "
+                                   "sampling and profile) instead of regenerating"),
     allow_node_local_store: bool = typer.Option(
-        False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
-        "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
+        False, "--allow-node-local-store", rich_help_panel=STORE, help="Accept a store on this "
+        "node (lost when the node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
     samples: int = typer.Option(None, "--samples", metavar="N",
                                 help="Samples per prompt (a row's own OpenAI n wins; same as "
                                 "--sampling n=N); each is stored once, with its number in "
                                 "the column 'sample'"),
-    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B",
+    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B", rich_help_panel=ROWS,
                                      help="Input columns carried into the data set and every "
                                      "export ('*': every column the fleet does not read)"),
     quality: list[str] = typer.Option(None, "--quality", metavar="KEY=VALUE",
-                                      help="A quality gate of the job, repeatable (near_empty=1%%"
-                                      ", truncated=5%%, near_empty_tokens=10; docs/output.md)"),
-    allow_quarantine: bool = typer.Option(False, "--allow-quarantine",
+                                      rich_help_panel=STORE,
+                                      help="A quality gate of the job, repeatable (near_empty=1%"
+                                      ", truncated=5%, near_empty_tokens=10; docs/output.md)"),
+    allow_quarantine: bool = typer.Option(False, "--allow-quarantine", rich_help_panel=STORE,
                                           help="Enqueue even when more rows are quarantined at "
                                           "staging than the failed_or_quarantined gate allows"),
 ) -> None:
