@@ -219,17 +219,22 @@ def _fingerprint(digest: hashlib._Hash, rows: list[dict[str, Any]]) -> None:
 def stage(store: Store, job: str, rows: Iterable[dict[str, Any]], batch_size: int,
           report: EnqueueReport, skip_existing: bool,
           on_batch: Callable[[int, int], None] | None = None,
-          writer: BatchWriter | None = None, recorded: list[str] | None = None
+          writer: BatchWriter | None = None, recorded: list[str] | None = None,
+          mark: Callable[[list[dict[str, Any]]], None] | None = None
           ) -> tuple[int, int, str]:
     """Write each batch of staged row dicts (as :mod:`producer.readers` yields them) to the
     store (or, through a spooling ``writer``, only the batches whose staged object is not
     intact: not matching ``recorded[b]``, else the input's own sha256); return (rows, batches,
-    input fingerprint). ``report.batch_sha256`` gets each batch's sha256."""
+    input fingerprint). ``report.batch_sha256`` gets each batch's sha256. ``mark`` quarantines
+    rows of a batch (producer/context_limit.py) after the fingerprint has read them, so the
+    fingerprint is the input's alone."""
     digest, total, n = hashlib.sha256(), 0, 0
     recorded = recorded or []
     with writer or BatchWriter(store) as out:
         for n, chunk in enumerate(_chunks(rows, batch_size), start=1):
             _fingerprint(digest, chunk)
+            if mark is not None:
+                mark(chunk)
             report.bad_rows += [e for d in chunk if (e := d.get("error"))]
             key, data = input_key(job, n - 1), encode_rows(chunk, compress=False)
             sha = staged_sha256(data)
@@ -257,15 +262,17 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
 
 def _stage_for(store: Store, job: str, input_path: Path, rows: Iterable[dict[str, Any]],
                size: int, report: EnqueueReport, old: JobSpec | None,
-               on_batch: Callable[[int, int], None] | None) -> tuple[int, int, str]:
+               on_batch: Callable[[int, int], None] | None,
+               mark: Callable[[list[dict[str, Any]]], None] | None = None
+               ) -> tuple[int, int, str]:
     """Stage a new job; for an existing one, check the fingerprint before anything is written,
     then re-stage only the batches whose staged object is missing or corrupt."""
     if old is None:
-        return stage(store, job, rows, size, report, False, on_batch)
+        return stage(store, job, rows, size, report, False, on_batch, mark=mark)
     with tempfile.TemporaryDirectory(prefix="fleet-stage-") as spool:
         writer = BatchWriter(store, spool=Path(spool))
         total, n, fingerprint = stage(store, job, rows, size, report, True, on_batch,
-                                      writer=writer, recorded=old.input_sha256)
+                                      writer=writer, recorded=old.input_sha256, mark=mark)
         if total and fingerprint != old.input_fingerprint:
             raise JobError(f"{input_path} differs from the input job {job!r} was created with "
                            "(fingerprint mismatch); use a new job name")
@@ -295,6 +302,9 @@ class JobInput:
     quality: dict[str, float] = field(default_factory=dict)
     # --allow-quarantine: stage a new job even when its quarantined rows break the gate.
     allow_quarantine: bool = False
+    # Quarantines the rows of a batch that cannot fit the model's context
+    # (producer/context_limit.py, ContextLimit.mark); None: only the engine checks.
+    mark: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
@@ -333,7 +343,7 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
     report = EnqueueReport(spec=placeholder, created=old is None)
     with refused_unstaged(store, job, old is None):
         total, n, fingerprint = _stage_for(store, job, input_path, rows, size, report, old,
-                                           on_batch)
+                                           on_batch, job_input.mark)
         if total == 0:
             raise InputError(str(input_path), None, "no rows")
         if old is None:

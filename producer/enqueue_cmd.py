@@ -125,6 +125,7 @@ def run_enqueue(o: EnqueueOptions) -> None:
 
     from config.settings import load_settings
     from producer import render
+    from producer.context_limit import context_limit
     from producer.enqueue import JobInput
     from producer.enqueue import enqueue as enqueue_job
     from producer.keep import KeepColumns, parse_keep
@@ -165,11 +166,13 @@ def run_enqueue(o: EnqueueOptions) -> None:
     if (kept := parse_keep(keep_columns)) is not None:
         opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
     rows = read_rows(o.input, opts, settings.s3)
+    limit = context_limit(settings.profile, spec_sampling)
     with render.enqueue_progress(err) as on_batch:
         hook, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
         job = JobInput(o.input, o.job, o.batch_size or None, spec_sampling, rows,
                        dropped_keys=opts.dropped, keep=opts.keep, quality=quality,
-                       allow_quarantine=o.allow_quarantine)
+                       allow_quarantine=o.allow_quarantine,
+                       mark=limit.mark if limit is not None else None)
         report = enqueue_job(store, r, app, job, on_batch, default_batch_size=settings.batch_size,
                              before_reconcile=hook,
                              choose_size=batch_size_rule.chooser(r, settings))

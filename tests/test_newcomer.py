@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from producer import demo
 from producer.localfleet import RedisServer, free_port
+from tests.conftest import wait_done
+from tests.test_sink import cli, local_root
+from workers.dataset.jobs import decode_rows, load_batch_input, result_key
+from workers.dataset.manifest import row_bucket
+from workers.dataset.store import LocalStore
+from workers.errors import ENGINE_REJECTED, TOO_LONG
+
+TOKENIZER = Path(__file__).parent / "fixtures" / "tokenizer"
 
 
 def test_demo_starts_its_own_redis_unless_fleet_redis_url_is_set(
@@ -31,3 +40,69 @@ def test_demo_main_ends_on_a_silent_fleet_redis_url(monkeypatch: pytest.MonkeyPa
     assert demo.main() == 4
     err = capsys.readouterr().err
     assert "does not answer" in err and "secret-pw" not in err
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in rows))
+    return path
+
+
+def test_a_prompt_over_the_context_is_quarantined_at_enqueue_or_on_the_engines_400(
+        fleet_env, r, tmp_path, make_workers) -> None:
+    """Item 2: qwen36-27b's context is 8192 (4 tokens reserved for MTP) and its tokenizer is
+    not here: a prompt over 8188 x 256 UTF-8 bytes is quarantined at enqueue by the bound;
+    one the bound lets through (40,000 bytes) is refused by the engine (the sim counts 10,000
+    tokens) and that 400 is quarantined, not failed."""
+    huge, long = "a" * (8188 * 256 + 1), "word " * 8000
+    src = _jsonl(tmp_path / "in.jsonl", [{"id": "ok", "prompt": "hi"},
+                                         {"id": "huge", "prompt": huge},
+                                         {"id": "long", "prompt": long}])
+    res = cli(fleet_env, "enqueue", str(src), "--job", "ctx", "--batch-size", "10")
+    assert res.returncode == 0, res.stderr
+    assert "quarantined 1 bad row" in res.stderr and TOO_LONG in res.stderr, res.stderr
+    staged = load_batch_input(LocalStore(local_root(fleet_env)), "ctx", 0)
+    assert staged[1].error.startswith(TOO_LONG) and "at least 8,189 tokens" in staged[1].error
+    assert "a bound" in staged[1].error and "under 8,188 (context 8,192" in staged[1].error
+    assert staged[0].error is None and staged[2].error is None
+    make_workers([0])
+    st = wait_done(fleet_env, "ctx")
+    assert (st["completed"], st["failed"], st["quarantined"]) == (1, 0, 2), st
+    rows = {x["id"]: x for x in decode_rows(
+        LocalStore(local_root(fleet_env)).get(result_key("ctx", 0)))}
+    assert rows["long"]["error"].startswith(ENGINE_REJECTED)
+    assert "longer than the model's context length" in rows["long"]["error"]
+    assert row_bucket(rows["long"]) == row_bucket(rows["huge"]) == "quarantined"
+
+
+def test_with_the_models_tokenizer_rows_are_counted_exactly(fleet_env, r, tmp_path) -> None:
+    """Item 2: a profile whose model folder holds a tokenizer counts with it (a 300-byte
+    prompt is far under the bound, but over a 64-token context by the tokenizer)."""
+    profile = tmp_path / "tiny.toml"
+    profile.write_text(f'name = "tiny"\n[flags]\nmodel-path = "{TOKENIZER}"\n'
+                       'context-length = 64\n')
+    env = {**fleet_env, "FLEET_PROFILE": str(profile)}
+    text = " ".join(f"def f{i}(x): return x" for i in range(20))
+    src = _jsonl(tmp_path / "in.jsonl", [
+        {"id": "short", "prompt": "def f(x): return x"}, {"id": "long", "prompt": text},
+        {"id": "chat", "messages": [{"role": "user", "content": text}]}])
+    res = cli(env, "enqueue", str(src), "--job", "tok", "--batch-size", "10")
+    assert res.returncode == 0, res.stderr
+    staged = load_batch_input(LocalStore(local_root(env)), "tok", 0)
+    assert staged[0].error is None
+    for row in staged[1:]:
+        assert row.error.startswith(TOO_LONG) and "the model's tokenizer" in row.error, row
+        assert "and the engine takes under 64 (context 64)" in row.error
+    assert "PyTorch was not found" not in res.stderr
+
+
+def test_the_bound_is_never_harsher_than_a_tokenizer_it_knows() -> None:
+    """Item 2: the bound takes a token to span at most MAX_TOKEN_BYTES bytes; the test
+    tokenizer's longest token spans fewer, so the bound never quarantines what it would take."""
+    from tokenizers.decoders import ByteLevel
+
+    from producer.context_limit import MAX_TOKEN_BYTES
+    from producer.exports.chat_tokenizer import auto_tokenizer_class
+
+    vocab = auto_tokenizer_class().from_pretrained(str(TOKENIZER)).get_vocab()
+    longest = max(len(ByteLevel().decode([t]).encode()) for t in vocab)
+    assert 0 < longest <= MAX_TOKEN_BYTES

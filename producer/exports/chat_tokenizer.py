@@ -14,6 +14,7 @@ Needs ``transformers`` (the ``export`` extra: ``pip install 'gpu-batch-fleet[exp
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,19 @@ class Encoded:
     texts: list[str]
 
 
+def auto_tokenizer_class() -> Any:
+    """transformers' ``AutoTokenizer``, imported without its advice that PyTorch was not
+    found (only the tokenizer is used; a TRANSFORMERS_NO_ADVISORY_WARNINGS already set
+    wins); ImportError when transformers is not installed."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
 def _load(path: Path) -> Any:
     try:
-        from transformers import AutoTokenizer
+        AutoTokenizer = auto_tokenizer_class()  # noqa: N806 (transformers' class)
     except ImportError as exc:
         raise JobError("the tokens export needs transformers: pip install "
                        "'gpu-batch-fleet[export]' (or pip install transformers)") from exc
