@@ -87,7 +87,7 @@ def status_table(st: dict[str, Any]) -> Group:
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
     done_pct = 100 * finished / max(st["total"], 1)
     for k, v in (
-        ("progress", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
+        (f"progress ({_unit(st)})", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
         *([("prompts done (every sample stored)",
             f"{st['prompts_done']:,}/{st['prompts']:,}")]
           if st.get("prompts") not in (None, st["total"]) else []),
@@ -191,12 +191,17 @@ def _quality_cell(quality: dict[str, Any]) -> str:
     return f"no gate broken ({live.get('rows', 0):,} rows measured so far)"
 
 
+def _unit(st: dict[str, Any]) -> str:
+    """What a status's ``total`` counts: samples where a prompt has several, else prompts."""
+    return "samples" if st.get("prompts") not in (None, st["total"]) else "prompts"
+
+
 def progress_line(st: dict[str, Any]) -> str:
     """The job's progress in one line (``status --watch`` on a pipe)."""
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
     quality = st.get("quality") or {}
     state = shown_state(st["state"], quality.get("gates_failed"))
-    return (f"job {st['job']}: {state}, {finished:,}/{st['total']:,} prompts, "
+    return (f"job {st['job']}: {state}, {finished:,}/{st['total']:,} {_unit(st)}, "
             f"{st['tokens_per_sec']:,.0f} tok/s, ETA {_fmt_eta(st['eta_hours'])}"
             + "".join(f"; stalled: {note}" for note in st.get("stalled") or [])
             + (f"; WARNING: {quality['warning']}" if quality.get("warning") else ""))

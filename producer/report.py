@@ -145,7 +145,8 @@ def _per_gpu(line: Timeline) -> list[dict[str, Any]]:
 def summarize(status: dict[str, Any], line: Timeline, rows: RowStats) -> dict[str, Any]:
     """The numbers of the report (also written as summary.json). The rates are the status's:
     over the job's active span once it is done (producer/status.py)."""
-    keep = ("job", "state", "total", "completed", "failed", "quarantined", "truncated",
+    keep = ("job", "state", "total", "prompts", "samples", "completed", "failed",
+            "quarantined", "truncated",
             "output_tokens", "done", "eta_hours", "rate_per_sec", "tokens_per_sec",
             "elapsed_s", "active_s", "dataset")
     span = line.span_s
@@ -184,9 +185,13 @@ def markdown(summary: dict[str, Any]) -> str:
     s = summary
     eta = "done" if s["done"] else (f"{s['eta_hours']:.2f} h" if s["eta_hours"] else "unknown")
     lines = [f"# Job {s['job']}", ""]
-    lines += _table(["prompts", "completed", "failed (quarantined)", "truncated",
-                     "output tokens", "generation", "mean tok/s", "ETA"],
-                    [[f"{s['total']:,}", f"{s['completed']:,}",
+    # With several samples per prompt the counts are samples (one row each).
+    several = s.get("prompts") not in (None, s["total"])
+    lines += _table([*(["prompts", "samples"] if several else ["prompts"]), "completed",
+                     "failed (quarantined)", "truncated", "output tokens", "generation",
+                     "mean tok/s", "ETA"],
+                    [[*([f"{s['prompts']:,}"] if several else []), f"{s['total']:,}",
+                      f"{s['completed']:,}",
                       f"{s['failed']:,} ({s['quarantined']:,})", f"{s['truncated']:,}",
                       f"{s['output_tokens']:,}", _duration(s["generation_s"]),
                       s["mean_tokens_per_sec"], eta]])

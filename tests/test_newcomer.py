@@ -106,3 +106,34 @@ def test_the_bound_is_never_harsher_than_a_tokenizer_it_knows() -> None:
     vocab = auto_tokenizer_class().from_pretrained(str(TOKENIZER)).get_vocab()
     longest = max(len(ByteLevel().decode([t]).encode()) for t in vocab)
     assert 0 < longest <= MAX_TOKEN_BYTES
+
+
+def _status(prompts: int, samples: int, finished: int) -> dict:
+    """A status as producer/status.py's job_status shapes it (the keys the views read)."""
+    return {"job": "j", "state": "running", "total": samples, "samples": samples,
+            "samples_done": finished, "prompts": prompts, "prompts_done": 0,
+            "completed": finished, "failed": 0, "quarantined": 0, "truncated": 0,
+            "done_batches": 0, "in_flight_batches": 1, "queued_batches": 2, "splits": {},
+            "rate_per_sec": 1.0, "tokens_per_sec": 10.0, "eta_hours": 0.1, "done": False,
+            "elapsed_s": 5.0, "dataset": None, "quality": {}, "workers": [], "stalled": [],
+            "output_tokens": 100, "active_s": 5.0}
+
+
+def test_samples_are_called_samples_where_samples_are_counted() -> None:
+    """Item 4: 150 prompts x 2 samples: the watch line and the tables say samples."""
+    from rich.console import Console
+
+    from producer import render, report
+
+    st = _status(150, 300, 58)
+    assert "58/300 samples" in render.progress_line(st)
+    assert "58/40 prompts" in render.progress_line(_status(40, 40, 58))
+    console = Console(width=200, record=True)
+    console.print(render.status_table(st))
+    text = console.export_text()
+    assert "progress (samples)" in text and "58/300" in text
+    assert "prompts done (every sample stored)" in text and "0/150" in text
+    md = report.markdown({**report.summarize(st, report.Timeline(width=1), report.RowStats()),
+                          "quality": None})
+    header, _, row = md.splitlines()[2:5]
+    assert header.startswith("| prompts | samples | completed") and row.startswith("| 150 | 300 |")
