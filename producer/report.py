@@ -9,8 +9,7 @@ What it reads, all recorded by the fleet during the run:
   (``fleet:job:{j}:series:n`` / ``:tok``, one field per bucket and GPU);
 - the live counters, rates and ETA (:func:`producer.status.job_status`).
 
-It writes ``report.md``, ``summary.json`` and ``throughput.png``, ``progress.png``,
-``latency.png``, ``output_length.png``, ``finish_reasons.png`` into DIR.
+It writes ``report.md``, ``summary.json`` and the six PNGs of :data:`PLOTS` into DIR.
 """
 
 from __future__ import annotations
@@ -32,6 +31,9 @@ from workers.dataset.store import Store
 from workers.delivery import jobstate
 
 PERCENTILES = (50, 90, 99)
+# The plots the report writes (docs/observability.md names each).
+PLOTS = ("throughput.png", "progress.png", "latency.png", "output_length.png",
+         "finish_reasons.png", "quality.png")
 
 
 @dataclass
@@ -227,13 +229,15 @@ def build_report(r: redis.Redis, store: Store, spec: JobSpec, out: Path) -> dict
     summary["quality"] = None if quality is None else {
         "completion_tokens": quality["completion_tokens"], "gates_failed": quality["gates_failed"],
         "failed": quality["failed"]}
+    paths = dict(zip(PLOTS, (out / name for name in PLOTS), strict=True))
     files = [
-        plots.throughput(line.node_tokens, line.width, out / "throughput.png"),
-        plots.progress(line.rows, line.width, status, out / "progress.png"),
-        plots.histogram(rows.latency_s, "latency (s)", out / "latency.png"),
-        plots.histogram(rows.output_tokens, "output length (tokens)", out / "output_length.png"),
-        plots.bars(rows.finish, "finish reason", out / "finish_reasons.png"),
-        plots.quality(quality, out / "quality.png"),
+        plots.throughput(line.node_tokens, line.width, paths["throughput.png"]),
+        plots.progress(line.rows, line.width, status, paths["progress.png"]),
+        plots.histogram(rows.latency_s, "latency (s)", paths["latency.png"]),
+        plots.histogram(rows.output_tokens, "output length (tokens)",
+                        paths["output_length.png"]),
+        plots.bars(rows.finish, "finish reason", paths["finish_reasons.png"]),
+        plots.quality(quality, paths["quality.png"]),
     ]
     (out / "report.md").write_text(markdown(summary))
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

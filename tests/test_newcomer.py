@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
 from producer import demo
-from producer.localfleet import RedisServer, free_port
+from producer.localfleet import RedisServer, free_port, stop_process
 from tests.conftest import wait_done
 from tests.test_sink import cli, local_root
 from workers.dataset.jobs import decode_rows, load_batch_input, result_key
@@ -16,7 +21,8 @@ from workers.dataset.manifest import row_bucket
 from workers.dataset.store import LocalStore
 from workers.errors import ENGINE_REJECTED, TOO_LONG
 
-TOKENIZER = Path(__file__).parent / "fixtures" / "tokenizer"
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "tests" / "fixtures" / "tokenizer"
 
 
 def test_demo_starts_its_own_redis_unless_fleet_redis_url_is_set(
@@ -137,3 +143,61 @@ def test_samples_are_called_samples_where_samples_are_counted() -> None:
                           "quality": None})
     header, _, row = md.splitlines()[2:5]
     assert header.startswith("| prompts | samples | completed") and row.startswith("| 150 | 300 |")
+
+
+def test_the_docs_count_and_name_the_plots_the_report_writes() -> None:
+    """Item 7: observability.md counts the report's PNGs and names each; no doc names a plot
+    the report does not write (the docs' own screenshots aside)."""
+    import re
+
+    from producer.report import PLOTS
+
+    docs = Path(__file__).parents[1] / "docs"
+    words = {6: "six"}
+    obs = (docs / "observability.md").read_text()
+    assert f"{words[len(PLOTS)]} PNGs" in obs
+    assert all(f"`{name}`" in obs for name in PLOTS)
+    shots = {p.name for p in docs.glob("*.png")}
+    for doc in docs.glob("*.md"):
+        named = set(re.findall(r"`([\w-]+\.png)`", doc.read_text()))
+        assert named <= set(PLOTS) | shots, (doc.name, named - set(PLOTS) - shots)
+
+
+def _start_flower(env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """The documented Flower command, on a free port of 127.0.0.1; (url, process) once it
+    answers its health check."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}",
+         "--conf=deploy/flowerconfig.py"], env=env, cwd=ROOT, stdout=log.open("wb"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, log.read_text()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthcheck", timeout=2).status_code == 200:
+                return url, proc
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.3)
+
+
+def test_flowers_api_answers_as_observability_md_says(fleet_env, tmp_path) -> None:
+    """Item 6: without credentials the API answers 401 naming FLOWER_UNAUTHENTICATED_API;
+    with it set, or with FLOWER_BASIC_AUTH and the credentials passed, it answers."""
+    for extra in ({}, {"FLOWER_UNAUTHENTICATED_API": "true"},
+                  {"FLOWER_BASIC_AUTH": "admin:pw-for-the-test"}):
+        url, proc = _start_flower({**fleet_env, **extra}, tmp_path / "flower.log")
+        try:
+            api = f"{url}/api/workers?refresh=0"
+            plain = httpx.get(api, timeout=20)
+            if not extra:
+                assert plain.status_code == 401
+                assert "FLOWER_UNAUTHENTICATED_API" in plain.text
+            elif "FLOWER_UNAUTHENTICATED_API" in extra:
+                assert plain.status_code == 200 and plain.json() == {}
+            else:
+                assert plain.status_code == 401
+                got = httpx.get(api, auth=("admin", "pw-for-the-test"), timeout=20)
+                assert got.status_code == 200 and got.json() == {}
+        finally:
+            stop_process(proc, grace_s=10)

@@ -27,7 +27,7 @@ from tornado.options import options
 from config.settings import Settings
 from producer import render
 from producer.localfleet import RedisServer, free_port
-from producer.report import build_report
+from producer.report import PLOTS, build_report
 from workers.dataset.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.dataset.store import open_store
 from workers.delivery import jobstate
@@ -315,8 +315,10 @@ def test_report_writes_markdown_summary_and_non_empty_pngs(r, redis_server, tmp_
     r.sadd(jobstate.Keys("obs").done, 0)
     out = tmp_path / "report"
     summary = build_report(r, store, spec, out)
-    for name in ("throughput", "progress", "latency", "output_length", "finish_reasons"):
-        png = out / f"{name}.png"
+    # Exactly the plots docs/observability.md counts (tests/test_newcomer.py checks the docs).
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(PLOTS)
+    for name in PLOTS:
+        png = out / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
     assert summary["done"] and summary["output_tokens"] == 100
     assert summary["finish_reasons"] == {"stop": 3, "length": 1, "failed": 1, "quarantined": 1}
