@@ -126,9 +126,8 @@ def status(
     else:
         st = job_status(r, spec, where, early)
         out().print(render.status_table(st))
-        if warning := st["quality"]["warning"]:
-            err().print(f"quality warning (first {st['quality']['live']['rows']:,} rows): "
-                        f"{warning}", soft_wrap=True)
+        if line := render.quality_note(st):
+            err().print(line, soft_wrap=True)
         err().print(f"store: {where.store_url} ({where.where}: {where.why})", soft_wrap=True)
 
 

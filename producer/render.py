@@ -120,15 +120,45 @@ def verify_table(report: dict[str, Any]) -> Table:
               "misplaced", "failed",
               "quarantined", "truncated"):
         table.add_row(k, f"{report.get(k, 0):,}")
-    table.add_row("ok", "yes" if report["ok"] else "NO")
-    if quality := report.get("quality"):
+    table.add_row("every prompt once", "yes" if report["ok"] else "NO")
+    quality = report.get("quality")
+    if quality:
         from workers.dataset.quality_gates import summary
 
         pct = quality.get("completion_tokens") or {}
         table.add_row("completion tokens",
                       " ".join(f"{k} {v:,}" for k, v in pct.items()) or "-")
-        table.add_row("quality", summary(quality["failed"]))
+        names = ", ".join(g["gate"] for g in quality["failed"])
+        table.add_row("quality", summary(quality["failed"]) + (f": {names}" if names else ""))
+    table.add_row("verdict", verdict(report))
     return table
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """``verify``'s verdict with its exit code: 1 for rows missing or doubled, 5 for a failed
+    quality gate (producer/cli.py)."""
+    if not report["ok"]:
+        return "FAILED: rows missing, doubled or misplaced (exit 1)"
+    failed = (report.get("quality") or {}).get("failed") or []
+    if failed:
+        return f"FAILED: quality gate {', '.join(g['gate'] for g in failed)} (exit 5)"
+    return "ok (exit 0)"
+
+
+def quality_note(st: dict[str, Any]) -> str | None:
+    """The line ``status`` adds on stderr: once a data set is committed, its verdict when a
+    gate failed (the live tally's warning is then history); before, the live warning."""
+    quality = st.get("quality") or {}
+    failed = quality.get("gates_failed")
+    if failed is not None:
+        if not failed:
+            return None
+        return (f"quality of the committed data set: {len(failed)} gate(s) failed: "
+                f"{', '.join(failed)} (figures: fleet verify --job {st['job']})")
+    if warning := quality.get("warning"):
+        return (f"quality warning (first {quality['live']['rows']:,} rows, live tally): "
+                f"{warning}")
+    return None
 
 
 def quality_lines(report: dict[str, Any]) -> list[str]:
@@ -184,7 +214,9 @@ def _quality_cell(quality: dict[str, Any]) -> str:
     """The status view's quality row: the committed data set's verdict, else the live
     warning (or how many rows the live tally holds)."""
     if quality.get("gates_failed") is not None:
-        return shown_state("", quality["gates_failed"]).lstrip(", ") or "ok (every gate)"
+        verdict = shown_state("", quality["gates_failed"]).lstrip(", ").removeprefix(
+            "quality: ") or "ok (every gate passed)"
+        return f"committed data set: {verdict}"
     live = quality.get("live") or {}
     if quality.get("warning"):
         return f"WARNING after {live.get('rows', 0):,} rows: {quality['warning']}"

@@ -14,7 +14,7 @@ import pytest
 
 from producer import demo
 from producer.localfleet import RedisServer, free_port, stop_process
-from tests.conftest import wait_done
+from tests.conftest import follow_status, run_producer, wait_done, write_prompts
 from tests.test_sink import cli, local_root
 from workers.dataset.jobs import decode_rows, load_batch_input, result_key
 from workers.dataset.manifest import row_bucket
@@ -201,3 +201,27 @@ def test_flowers_api_answers_as_observability_md_says(fleet_env, tmp_path) -> No
                 assert got.status_code == 200 and got.json() == {}
         finally:
             stop_process(proc, grace_s=10)
+
+
+def test_after_the_commit_status_names_the_failed_gate_and_verify_shows_its_verdict(
+        fleet_env, make_workers, tmp_path, r) -> None:
+    """Item 8: near-empty answers: once the data set is committed, ``status`` names the gate
+    in its table and labels the stderr line as the committed verdict; ``verify``'s table ends
+    with ``FAILED: quality gate near_empty (exit 5)`` and never shows ``ok yes``."""
+    env = {**fleet_env, "FLEET_QUALITY": ""}  # the default gates
+    make_workers([0], FLEET_SIM_ANSWER="near-empty", FLEET_QUALITY="")
+    prompts = write_prompts(tmp_path / "p.jsonl", 300)
+    assert run_producer(env, "enqueue", str(prompts), "--job", "gate", "--batch-size",
+                        "100").returncode == 0
+    follow_status(env, "gate", lambda st: (st["dataset"] or "").startswith("committed"),
+                  180, "a committed data set")
+    res = run_producer({**env, "COLUMNS": "200"}, "status", "--job", "gate")
+    assert "committed data set: 1 gate failed: near_empty" in res.stdout, res.stdout
+    assert "done, quality: 1 gate failed: near_empty" in res.stdout
+    assert "quality of the committed data set: 1 gate(s) failed: near_empty" in res.stderr
+    assert "quality warning" not in res.stderr, res.stderr
+    res = run_producer({**env, "COLUMNS": "200"}, "verify", "--job", "gate")
+    assert res.returncode == 5
+    assert "FAILED: quality gate near_empty (exit 5)" in res.stdout, res.stdout
+    assert "every prompt once" in res.stdout and "quality: 1 gate failed: near_empty" in res.stdout
+    assert not any(line.split("│")[1:2] == [" ok "] for line in res.stdout.splitlines())
