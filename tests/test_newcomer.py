@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -225,3 +226,20 @@ def test_after_the_commit_status_names_the_failed_gate_and_verify_shows_its_verd
     assert "FAILED: quality gate near_empty (exit 5)" in res.stdout, res.stdout
     assert "every prompt once" in res.stdout and "quality: 1 gate failed: near_empty" in res.stdout
     assert not any(line.split("│")[1:2] == [" ok "] for line in res.stdout.splitlines())
+
+
+def test_loading_the_tokenizer_prints_no_pytorch_notice() -> None:
+    """Item 9: the tokens export's tokenizer loads without transformers' "PyTorch was not
+    found" advice (this environment has no PyTorch, as the export extra installs none)."""
+    import importlib.util
+
+    assert importlib.util.find_spec("torch") is None  # else transformers would not say it
+    code = ("from pathlib import Path; from producer.exports.chat_tokenizer import "
+            f"ChatTokenizer; ChatTokenizer(Path({str(TOKENIZER)!r}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and "PyTorch was not found" not in res.stderr, res.stderr
+    bare = subprocess.run([sys.executable, "-c", "import transformers"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "PyTorch was not found" in bare.stderr  # what the export silences
