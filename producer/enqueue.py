@@ -31,6 +31,7 @@ import redis
 from celery import Celery
 
 from producer.keep import KeepColumns
+from producer.options import sampling_conflict
 from producer.refusals import check_staged, refused_unstaged
 from workers.dataset.jobs import (
     JobSpec,
@@ -335,9 +336,11 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
     rows = counted(rows)
     size = batch_size or (old.batch_size if old else default_batch_size)
     if old and size != old.batch_size:
-        raise JobError(f"job {job!r} exists with batch size {old.batch_size}, not {size}")
+        raise JobError(f"job {job!r} exists with other flags: --batch-size {old.batch_size} "
+                       f"(given {size}); re-run with the job's --batch-size (or none) to "
+                       "resume, or use a new job name")
     if old and sampling != old.sampling and sampling != SamplingSpec():
-        raise JobError(f"job {job!r} exists with sampling {old.sampling.model_dump()}")
+        raise JobError(sampling_conflict(job, old.sampling, sampling))
     placeholder = JobSpec(name=job, total=0, batch_size=size, n_batches=0,
                           input_path=str(input_path), input_fingerprint="")
     report = EnqueueReport(spec=placeholder, created=old is None)
