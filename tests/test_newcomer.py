@@ -243,3 +243,27 @@ def test_loading_the_tokenizer_prints_no_pytorch_notice() -> None:
     bare = subprocess.run([sys.executable, "-c", "import transformers"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert "PyTorch was not found" in bare.stderr  # what the export silences
+
+
+def test_a_queue_naming_a_gpu_the_node_lacks_is_refused_by_name(fleet_env, r) -> None:
+    """Item 11: the simulator's node has FLEET_SIM_GPUS GPUs (8): ``-Q gpu99`` and a group
+    reaching past the last GPU are refused with one line, as ``-Q gpux`` is."""
+    from tests.test_gpu_groups import _refusal
+
+    line = _refusal(fleet_env, "gpu99")
+    assert "queue gpu99 names GPU 99, but this node has GPUs 0-7 (FLEET_SIM_GPUS)" in line
+    line = _refusal({**fleet_env, "FLEET_SIM_GPUS": "2"}, "gpu1-2")
+    assert "queue gpu1-2 names GPU 2, but this node has GPUs 0-1" in line
+    assert not r.keys("fleet:worker:*")  # nothing ever ran
+
+
+def test_nvml_numbering_bounds_a_real_nodes_queues() -> None:
+    """Item 11, the real node's rule: NVML's count, in the container's own numbering."""
+    from workers.node.gpu_group import GroupError, check_present, parse_group
+
+    check_present(parse_group("gpu6-7"), "gpu6-7", 8, "NVML")
+    with pytest.raises(GroupError, match="names GPU 8, but this node has GPUs 0-7 \\(NVML\\)"):
+        check_present(parse_group("gpu8"), "gpu8", 8, "NVML")
+    check_present(parse_group("gpu2-3"), "gpu2-3", 2, "NVML", [0, 1])  # FLEET_CUDA_DEVICE=0,1
+    with pytest.raises(GroupError, match="this node has no GPU"):
+        check_present(parse_group("gpu0"), "gpu0", 0, "NVML")
