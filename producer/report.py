@@ -126,11 +126,15 @@ def read_rows(store: Store, spec: JobSpec) -> RowStats:
 
 
 def _percentiles(values: list[float] | list[int]) -> dict[str, float]:
+    """p50, p90, p99, mean and max; the max of token counts is the integer it is (the same
+    figure as ``verify``'s completion-token max)."""
     if not values:
         return {}
     arr = np.asarray(values, dtype=float)
     out = {f"p{p}": round(float(np.percentile(arr, p)), 3) for p in PERCENTILES}
-    return {**out, "mean": round(float(arr.mean()), 3), "max": round(float(arr.max()), 3)}
+    top = max(values)
+    return {**out, "mean": round(float(arr.mean()), 3),
+            "max": top if isinstance(top, int) else round(float(top), 3)}
 
 
 def _per_gpu(line: Timeline) -> list[dict[str, Any]]:
@@ -174,8 +178,16 @@ def _dist_rows(summary: dict[str, Any]) -> list[list[Any]]:
     for name, key in (("latency (s)", "latency_s"), ("output length (tokens)",
                                                       "output_length_tokens")):
         d = summary[key]
-        rows.append([name, *(d.get(k, "-") for k in ("p50", "p90", "p99", "mean", "max"))])
+        rows.append([name, *(_cell(d.get(k, "-")) for k in ("p50", "p90", "p99", "mean",
+                                                            "max"))])
     return rows
+
+
+def _cell(value: Any) -> str:
+    """A number of the report's tables: integers (whole floats too) with thousands commas."""
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return f"{int(value):,}"
+    return str(value)
 
 
 def _duration(seconds: float) -> str:

@@ -267,3 +267,34 @@ def test_nvml_numbering_bounds_a_real_nodes_queues() -> None:
     check_present(parse_group("gpu2-3"), "gpu2-3", 2, "NVML", [0, 1])  # FLEET_CUDA_DEVICE=0,1
     with pytest.raises(GroupError, match="this node has no GPU"):
         check_present(parse_group("gpu0"), "gpu0", 0, "NVML")
+
+
+def test_verify_the_manifest_and_the_report_agree_on_max_completion_tokens(tmp_path, r):
+    """Item 12: the largest answer has 8,174 tokens: verify (row by row), the sink's
+    manifest (column by column) and the report all say 8,174 (verify said the histogram
+    bucket's floor, 8,104; the report printed 8174.0)."""
+    from producer.report import build_report
+    from tests.test_sink import make_job, prompt_rows
+    from workers.dataset.jobs import encode_rows
+    from workers.dataset.manifest import load_manifest
+    from workers.dataset.sink import ShardLimits, aggregate
+    from workers.dataset.verify import verify_job
+    from workers.delivery import jobstate
+
+    store = LocalStore(tmp_path / "store")
+    spec = make_job(store, "mx", prompt_rows(20), batch_size=10)
+    for b in range(2):
+        rows = decode_rows(store.get(result_key("mx", b)))
+        for x in rows:
+            if x["status"] == "ok":
+                x["completion_tokens"] = 8174 if x["index"] == 12 else 300 + 37 * x["index"]
+        store.put(result_key("mx", b), encode_rows(rows, compress=False))
+    assert verify_job(store, spec)["quality"]["completion_tokens"]["max"] == 8174
+    aggregate(store, "mx", ShardLimits())
+    assert load_manifest(store, "mx")["quality"]["completion_tokens"]["max"] == 8174
+    jobstate.register_job(r, "mx", spec.model_dump_json())
+    summary = build_report(r, store, spec, tmp_path / "rep")
+    assert summary["output_length_tokens"]["max"] == 8174
+    line = next(x for x in (tmp_path / "rep" / "report.md").read_text().splitlines()
+                if x.startswith("| output length"))
+    assert line.endswith("| 8,174 |") and "8174.0" not in line, line

@@ -4,8 +4,9 @@ Every row the sink writes (and every row ``verify`` reads) goes through one
 :class:`QualityTally`; :meth:`QualityTally.figures` gives the figures the gates
 (:mod:`workers.dataset.quality_gates`) compare with their thresholds:
 
-- ``completion_tokens``: percentiles (p1, p5, p50, p95, p99, max) over answered rows, from a
-  bounded histogram (exact below 256 tokens, then 64 log-spaced buckets per doubling);
+- ``completion_tokens``: percentiles (p1, p5, p50, p95, p99) over answered rows, from a
+  bounded histogram (exact below 256 tokens, then 64 log-spaced buckets per doubling), and the
+  exact ``max`` (the report's own, producer/report.py);
 - ``near_empty``: answered rows whose answer (the completion once the reasoning is split off
   and any ``<think>`` block cut out) is whitespace only, or shorter than ``near_empty_tokens``;
 - ``no_reasoning`` and ``markers`` (thinking-mode rows only: a launch with a reasoning parser,
@@ -133,6 +134,8 @@ class QualityTally:
         "near_empty", "no_reasoning", "markers", "truncated", "failed", "quarantined",
         "identical", "same_samples")})
     _hist: dict[int, int] = field(default_factory=dict)
+    # The most completion tokens of an answered row (exact: the histogram's top bucket is not).
+    max_tokens: int = 0
     # answer hash -> (index, id) of its first row; once seen again, in _dups:
     # [index, id, rows, seen under another prompt]
     _answers: dict[int, tuple[Any, Any]] = field(default_factory=dict)
@@ -156,6 +159,8 @@ class QualityTally:
         b = tokens if tokens < EXACT else _bucket(tokens)
         hist = self._hist
         hist[b] = hist.get(b, 0) + 1
+        if tokens > self.max_tokens:
+            self.max_tokens = tokens
         if get("finish_reason") == "length":
             self.figures["truncated"].add(_rid(row))
         completion = get("completion") or ""
@@ -259,7 +264,7 @@ class QualityTally:
         for p in PERCENTILES:
             at = bisect.bisect_left(cum, math.ceil(acc * p / 100))
             out[f"p{p}"] = _bucket_floor(keys[min(at, len(keys) - 1)])
-        out["max"] = _bucket_floor(keys[-1])
+        out["max"] = self.max_tokens
         return out
 
     def histogram(self) -> list[list[int]]:
