@@ -76,7 +76,7 @@ def status_table(st: dict[str, Any]) -> Group:
         gpus.add_column(col)
     for w in st["workers"]:
         gpus.add_row(w["node"], str(w.get("group", w["gpu"])), w["engine_state"],
-                     f"{w['tokens_per_sec']:,.0f}",
+                     _num(None if w["tokens_per_sec"] is None else round(w["tokens_per_sec"])),
                      f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
                      _num(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
     quality = st.get("quality") or {}

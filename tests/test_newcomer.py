@@ -298,3 +298,68 @@ def test_verify_the_manifest_and_the_report_agree_on_max_completion_tokens(tmp_p
     line = next(x for x in (tmp_path / "rep" / "report.md").read_text().splitlines()
                 if x.startswith("| output length"))
     assert line.endswith("| 8,174 |") and "8174.0" not in line, line
+
+
+def test_an_idle_engine_shows_no_tokens_per_sec_and_its_current_load(r, tmp_path) -> None:
+    """Item 13: a worker whose engine runs and queues nothing reports 0 tok/s, though its
+    token counter rose within the rate window (a worker that cannot read its engine keeps
+    the window's rate), and each engine reading carries its time."""
+    from tests.simproc import launch
+    from workers.delivery import jobstate
+    from workers.observe.gauges import WorkerWatch
+
+    sim = launch(tmp_path, ["--model-path", "Qwen/Qwen3-0.6B", "--context-length", "4096",
+                            "--enable-metrics"])
+    try:
+        sim.wait_ready()
+        idle = WorkerWatch(sim.url, r, "gpu0@idle", 1.0, 60.0)
+        blind = WorkerWatch(f"http://127.0.0.1:{free_port()}", r, "gpu0@idle", 1.0, 60.0)
+        for watch in (idle, blind):
+            watch.tick()
+        r.hset(jobstate.node_stats_key("gpu0@idle"), "output_tokens", 5000)
+        time.sleep(0.2)
+        for watch in (idle, blind):
+            watch.tick()
+        assert (idle.engine.running, idle.engine.queued) == (0, 0)
+        assert idle.tokens_per_sec == 0.0 and blind.tokens_per_sec > 0
+        fields = idle.engine_fields()
+        assert time.time() - 5 < fields["engine_read_at"] <= time.time()
+    finally:
+        sim.stop()
+
+
+def test_after_the_end_a_beat_whose_engine_reading_is_older_shows_no_load(r) -> None:
+    """Item 13: a heartbeat sent after the job's end may carry an engine reading taken
+    before it (the watch reads once an interval): its load and tok/s are unknown, not the
+    end's ``39/40 running, queue 1`` and tok/s."""
+    from rich.console import Console
+
+    from producer import render
+    from producer.status import job_status
+    from workers.dataset.jobs import JobSpec
+    from workers.delivery import jobstate
+    from workers.node import heartbeat
+
+    spec = JobSpec(name="end", total=4, batch_size=4, n_batches=1, input_path="x",
+                   input_fingerprint="f")
+    jobstate.register_job(r, "end", spec.model_dump_json())
+    end = time.time()
+    r.hset(jobstate.Keys("end").job, mapping={"last_row_at": end, "first_taken_at": end - 5})
+    r.sadd(jobstate.Keys("end").done, 0)
+    r.hset(jobstate.Keys("end").stats, mapping={"completed": 4})
+    beat = {"node": "gpu0@t", "gpu": 0, "engine": "sim", "profile": "p",
+            "engine_state": "healthy", "engine_restarts": 0, "batches_running": 1,
+            "tokens_per_sec": 170.0, "output_tokens": 40, "running": 39, "cap": 40, "queued": 1,
+            "updated_at": end + 2, "engine_read_at": end - 1}
+    heartbeat.publish(r, "gpu0@t", beat, 30)
+    st = job_status(r, spec)
+    w = st["workers"][0]
+    assert w["stale"] and (w["running"], w["queued"], w["tokens_per_sec"]) == (None,) * 3
+    console = Console(record=True, width=160)
+    console.print(render.status_table(st))
+    text = console.export_text()
+    assert "39/40" not in text and "170" not in text, text
+    heartbeat.publish(r, "gpu0@t", {**beat, "running": 0, "queued": 0, "tokens_per_sec": 0.0,
+                                    "engine_read_at": end + 1.5}, 30)
+    w = job_status(r, spec)["workers"][0]
+    assert not w.get("stale") and (w["running"], w["queued"], w["tokens_per_sec"]) == (0, 0, 0)
