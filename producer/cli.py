@@ -180,7 +180,10 @@ def requeue_failed_cmd(
     store, r = _open(settings)
     report = requeue_failed(store, r, app, load_spec(store, job), truncated, max_new_tokens)
     kind = "truncated" if truncated else "failed"
-    err().print(f"requeued {report.rows} {kind} prompts in {report.batches} batches of job {job}")
+    from producer.render import plural
+
+    err().print(f"requeued {plural(report.rows, kind + ' prompt')} in "
+                f"{plural(report.batches, 'batch')} of job {job}")
 
 
 @cli.command()
@@ -269,7 +272,10 @@ def pause(job: str = typer.Option(..., "--job", help="Job name")) -> None:
     settings = load_settings()
     _, r = _open(settings)
     removed = stop_job(r, job, "paused")
-    err().print(f"job {job} paused: {removed} queued batches pulled; running batches finish")
+    from producer.render import plural
+
+    err().print(f"job {job} paused: {plural(removed, 'queued batch')} pulled; running batches "
+                "finish")
 
 
 @cli.command()
@@ -296,7 +302,10 @@ def cancel(job: str = typer.Option(..., "--job", help="Job name")) -> None:
     settings = load_settings()
     _, r = _open(settings)
     removed = stop_job(r, job, "cancelled")
-    err().print(f"job {job} cancelled: {removed} queued batches removed; running batches stop")
+    from producer.render import plural
+
+    err().print(f"job {job} cancelled: {plural(removed, 'queued batch')} removed; running "
+                "batches stop")
 
 
 @cli.command()

@@ -129,7 +129,8 @@ def dropped_note(dropped: dict[str, int]) -> str | None:
     """One line on the row keys that are not sent to the engine (None when there are none)."""
     if not dropped:
         return None
-    listed = ", ".join(f"{k} ({n:,} rows)" for k, n in sorted(dropped.items()))
+    listed = ", ".join(f"{k} ({n:,} row{'' if n == 1 else 's'})"
+                       for k, n in sorted(dropped.items()))
     return (f"not sent to the engine: {listed}; 'user' and 'metadata' are OpenAI bookkeeping, "
             "other keys were dropped by --drop-unsupported-sampling (counts in the job record)")
 

@@ -20,9 +20,20 @@ if TYPE_CHECKING:
     from producer.enqueue import EnqueueReport
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 batch``, ``2 batches``, ``1,000 rows``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count:,} {noun}{'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
+
+
 @contextlib.contextmanager
 def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
-    """A progress line for staging: rows read and batches written."""
+    """A progress line for staging on a terminal: rows read and batches written (piped, none:
+    rich would leave an empty line where it stood)."""
+    if not console.is_terminal:
+        yield lambda rows, batches: None
+        return
     # The row count is unknown while the file streams: the bar pulses instead of filling.
     columns = (SpinnerColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn())
@@ -30,7 +41,8 @@ def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
         task = progress.add_task("reading", total=None)
 
         def on_batch(rows: int, batches: int) -> None:
-            progress.update(task, description=f"read {rows:,} rows, staged {batches:,} batches")
+            progress.update(task, description=f"read {plural(rows, 'row')}, staged "
+                                              f"{plural(batches, 'batch')}")
 
         yield on_batch
 
@@ -44,14 +56,15 @@ def enqueue_summary(console: Console, report: EnqueueReport) -> None:
     s = report.spec
     verb = "created" if report.created else "resumed"
     console.print(
-        f"job {s.name} {verb}: {s.total:,} prompts in {s.n_batches:,} batches of {s.batch_size}; "
+        f"job {s.name} {verb}: {plural(s.total, 'prompt')} in {plural(s.n_batches, 'batch')} "
+        f"of {s.batch_size}; "
         f"enqueued {report.enqueued}, already done {report.already_done}, "
         f"already pending {report.already_pending}", soft_wrap=True)
     if s.expected_samples != s.total:
         console.print(f"{s.expected_samples:,} samples in all (one row per prompt and sample)",
                       soft_wrap=True)
     if report.bad_rows:
-        console.print(f"quarantined {len(report.bad_rows)} bad rows (stored with their "
+        console.print(f"quarantined {plural(len(report.bad_rows), 'bad row')} (stored with their "
                       f"reason), first: {report.bad_rows[0]}", soft_wrap=True)
 
 

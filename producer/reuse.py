@@ -68,8 +68,11 @@ class ReuseReport:
 
     def summary(self) -> str:
         """One line for the enqueue output."""
-        return (f"reused {self.rows} rows from job {self.source} ({self.candidates} finished "
-                f"rows there): {self.batches} batches stored without a GPU, "
+        from producer.render import plural
+
+        return (f"reused {plural(self.rows, 'row')} from job {self.source} "
+                f"({plural(self.candidates, 'finished row')} there): "
+                f"{plural(self.batches, 'batch')} stored without a GPU, "
                 f"{self.partial_batches} partly pre-filled")
 
 

@@ -275,7 +275,7 @@ def test_a_plain_rerun_resumes_with_the_recorded_options(fleet_env, tmp_path, r)
     first = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--chat",
                          "--drop-unsupported-sampling")
     assert first.returncode == 0, first.stderr
-    assert "echo (1 rows)" in first.stderr
+    assert "echo (1 row)" in first.stderr
     again = run_producer(fleet_env, "enqueue", str(src), "--job", "opts")
     assert again.returncode == 0, again.stderr
     assert "job opts resumed: 2 prompts" in again.stderr

@@ -363,3 +363,33 @@ def test_after_the_end_a_beat_whose_engine_reading_is_older_shows_no_load(r) -> 
                                     "engine_read_at": end + 1.5}, 30)
     w = job_status(r, spec)["workers"][0]
     assert not w.get("stale") and (w["running"], w["queued"], w["tokens_per_sec"]) == (0, 0, 0)
+
+
+def test_enqueue_output_starts_with_its_first_line_and_counts_in_words(fleet_env, r,
+                                                                        tmp_path) -> None:
+    """Item 14: piped, no blank first line; "1 batch", "1 row"."""
+    src = write_prompts(tmp_path / "p.jsonl", 2)
+    res = run_producer(fleet_env, "enqueue", str(src), "--job", "one")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith("job one created: 2 prompts in 1 batch of "), repr(res.stderr)
+    from producer.render import plural
+
+    assert [plural(n, w) for n, w in ((1, "batch"), (2, "batch"), (1, "row"), (1_000, "row"))] \
+        == ["1 batch", "2 batches", "1 row", "1,000 rows"]
+
+
+def test_a_file_that_is_not_utf8_is_named_with_the_byte_and_its_offset(fleet_env, r,
+                                                                        tmp_path) -> None:
+    """Item 14: a Latin-1 line: one line naming the file, the line, the byte and its offset,
+    not "str is not valid UTF-8: surrogates ..."; nothing staged."""
+    first = orjson.dumps({"prompt": "fine"}) + b"\n"
+    src = tmp_path / "latin1.jsonl"
+    src.write_bytes(first + '{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    res = cli(fleet_env, "enqueue", str(src), "--job", "enc")
+    assert res.returncode == 2
+    offset = len(first) + len(b'{"prompt": "caf')
+    assert res.stderr.strip() == (
+        f"error: {src}:2: not UTF-8: byte 0xe9 at byte offset {offset} of the file "
+        "(column 16 of the line); JSONL must be UTF-8 (re-encode it, e.g. iconv -f latin1 -t "
+        "utf-8)"), res.stderr
+    assert not (local_root(fleet_env) / "jobs" / "enc").exists()
