@@ -131,7 +131,7 @@ def run_enqueue(o: EnqueueOptions) -> None:
     from producer.keep import KeepColumns, parse_keep
     from producer.options import dropped_note, job_quality, job_sampling, resumed_sampling
     from producer.readers import ReadOptions, read_rows
-    from producer.reuse import reuse_hook
+    from producer.reuse import answered_twin, reuse_hook
     from workers import app
     from workers.dataset.jobs import check_job_name, load_spec
     from workers.dataset.location import check_not_repointed, locate, require_off_node
@@ -181,6 +181,8 @@ def run_enqueue(o: EnqueueOptions) -> None:
         err.print(note, soft_wrap=True)
     if reused:
         err.print(reused[0].summary(), soft_wrap=True)
+    elif report.created and (twin := answered_twin(r, report.spec)):
+        err.print(twin, soft_wrap=True)
     trigger_if_complete(r, app, report.spec, settings)
 
 

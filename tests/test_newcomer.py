@@ -393,3 +393,28 @@ def test_a_file_that_is_not_utf8_is_named_with_the_byte_and_its_offset(fleet_env
         "(column 16 of the line); JSONL must be UTF-8 (re-encode it, e.g. iconv -f latin1 -t "
         "utf-8)"), res.stderr
     assert not (local_root(fleet_env) / "jobs" / "enc").exists()
+
+
+def test_a_second_job_from_the_same_rows_offers_reuse_from(fleet_env, make_workers, r,
+                                                           tmp_path) -> None:
+    """Item 15: the same file under another name prints one line naming the job that
+    answered its rows and ``--reuse-from`` it; run again with it, the rows are copied."""
+    make_workers([0])
+    src = write_prompts(tmp_path / "p.jsonl", 20)
+    assert run_producer(fleet_env, "enqueue", str(src), "--job", "first", "--batch-size",
+                        "10").returncode == 0
+    wait_done(fleet_env, "first")
+    other = write_prompts(tmp_path / "other.jsonl", 20, start=100)
+    res = run_producer(fleet_env, "enqueue", str(other), "--job", "unrelated")
+    assert res.returncode == 0 and "--reuse-from" not in res.stderr, res.stderr
+    res = run_producer(fleet_env, "enqueue", str(src), "--job", "second", "--batch-size", "10")
+    assert res.returncode == 0, res.stderr
+    lines = [x for x in res.stderr.splitlines() if "--reuse-from" in x]
+    assert lines == [f"the rows of {src} were already answered in job first (20 completed): "
+                     "run this enqueue again with --reuse-from first to copy those with the "
+                     "same prompt, sampling and profile instead of generating them again"]
+    again = run_producer(fleet_env, "enqueue", str(src), "--job", "third", "--batch-size",
+                         "10", "--reuse-from", "first")
+    assert again.returncode == 0 and "reused 20 rows from job first" in again.stderr, \
+        again.stderr
+    assert "already answered" not in again.stderr
