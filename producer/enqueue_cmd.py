@@ -149,8 +149,8 @@ def run_enqueue(o: EnqueueOptions) -> None:
     err = Console(stderr=True, highlight=False)
     check_job_name(o.job)
     check_not_repointed(r, o.job, store.url)
-    if "profile" in settings.model_fields_set:  # FLEET_PROFILE on enqueue: the job needs it
-        _record_profile(r, o.job, settings.profile)
+    # FLEET_PROFILE on enqueue: the job needs it (read now, recorded once the job is staged).
+    needs = _needed_profile(settings.profile) if "profile" in settings.model_fields_set else None
     spec_sampling = resumed_sampling(store, o.job, job_sampling(
         o.max_new_tokens, o.temperature, o.top_p, o.sampling, o.chat, o.system_prompt,
         o.chat_template_kwargs, o.drop_unsupported, o.samples))
@@ -168,7 +168,16 @@ def run_enqueue(o: EnqueueOptions) -> None:
     rows = read_rows(o.input, opts, settings.s3)
     limit = context_limit(settings.profile, spec_sampling)
     with render.enqueue_progress(err) as on_batch:
-        hook, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
+        reuse, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
+
+        def hook(spec: Any) -> None:  # before any batch is sent, after nothing was refused
+            if needs is not None:
+                from workers.delivery import jobstate
+
+                jobstate.record_profile(r, o.job, needs.name, needs.output_flags())
+            if reuse is not None:
+                reuse(spec)
+
         job = JobInput(o.input, o.job, o.batch_size or None, spec_sampling, rows,
                        dropped_keys=opts.dropped, keep=opts.keep, quality=quality,
                        allow_quarantine=o.allow_quarantine,
@@ -186,15 +195,14 @@ def run_enqueue(o: EnqueueOptions) -> None:
     trigger_if_complete(r, app, report.spec, settings)
 
 
-def _record_profile(r: Any, job: str, name: str) -> None:
-    """Record the launch profile FLEET_PROFILE names as the one the job needs (its parsers);
-    a worker whose engine runs other parsers hands its batches back (docs/recipes.md)."""
+def _needed_profile(name: str) -> Any:
+    """The launch profile FLEET_PROFILE names, to be recorded as the one the job needs (its
+    parsers); a worker whose engine runs other parsers hands its batches back
+    (docs/recipes.md)."""
     from config.launch_profile import ProfileError, load_profile
-    from workers.delivery import jobstate
     from workers.errors import JobError
 
     try:
-        wanted = load_profile(name)
+        return load_profile(name)
     except ProfileError as exc:
         raise JobError(f"FLEET_PROFILE: {exc}") from None
-    jobstate.record_profile(r, job, wanted.name, wanted.output_flags())

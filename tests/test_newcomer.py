@@ -418,3 +418,18 @@ def test_a_second_job_from_the_same_rows_offers_reuse_from(fleet_env, make_worke
     assert again.returncode == 0 and "reused 20 rows from job first" in again.stderr, \
         again.stderr
     assert "already answered" not in again.stderr
+
+
+def test_a_refused_enqueue_leaves_nothing_in_the_store_nor_in_redis(fleet_env, r,
+                                                                     tmp_path) -> None:
+    """Item 3: ``--keep-columns nosuchcol`` exits 2 with no folder of the job left (not even
+    an empty one) and no Redis key (FLEET_PROFILE's record waits until the job is staged)."""
+    src = write_prompts(tmp_path / "p.jsonl", 30)
+    res = cli(fleet_env, "enqueue", str(src), "--job", "b-keep", "--keep-columns", "nosuchcol",
+              "--batch-size", "10")
+    assert res.returncode == 2 and "no row has the column 'nosuchcol'" in res.stderr
+    assert not (local_root(fleet_env) / "jobs" / "b-keep").exists()
+    assert "FLEET_PROFILE" in fleet_env and not r.keys("fleet:job:b-keep*")
+    assert cli(fleet_env, "enqueue", str(src), "--job", "b-keep", "--batch-size",
+               "10").returncode == 0
+    assert r.hget("fleet:job:b-keep", "profile") == fleet_env["FLEET_PROFILE"].encode()
