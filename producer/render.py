@@ -47,8 +47,10 @@ def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
         yield on_batch
 
 
-# Seconds the last view of a done job waits for fresh heartbeats (one beat is 5 s by default).
-SETTLE_WAIT_S = 8.0
+# Seconds the last view of a done job waits for engine readings taken after its end: a
+# worker reads its engine once a heartbeat interval (5 s by default) and sends the reading
+# with its next beat, up to another interval later.
+SETTLE_WAIT_S = 12.0
 
 
 def enqueue_summary(console: Console, report: EnqueueReport) -> None:
