@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from producer.cli import cli as fleet_cli
 from producer.localfleet import free_port, stop_process
-from tests.conftest import follow_status, run_producer, write_prompts
+from tests.conftest import run_producer, wait_done, write_prompts
 from workers.dataset.jobs import decode_rows, result_key
 from workers.dataset.store import LocalStore
 
@@ -152,8 +152,10 @@ def test_after_the_commit_status_names_the_failed_gate_and_verify_shows_its_verd
     prompts = write_prompts(tmp_path / "p.jsonl", 300)
     assert run_producer(env, "enqueue", str(prompts), "--job", "gate", "--batch-size",
                         "100").returncode == 0
-    follow_status(env, "gate", lambda st: (st["dataset"] or "").startswith("committed"),
-                  180, "a committed data set")
+    wait_done(env, "gate")
+    from producer.demo import _wait_dataset  # the data set is committed after the job is done
+
+    assert (_wait_dataset(r, "gate", 120) or "").startswith("committed")
     res = run_producer({**env, "COLUMNS": "200"}, "status", "--job", "gate")
     assert "committed data set: 1 gate failed: near_empty" in res.stdout, res.stdout
     assert "done, quality: 1 gate failed: near_empty" in res.stdout
