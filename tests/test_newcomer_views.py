@@ -286,3 +286,16 @@ def test_after_the_end_a_beat_whose_engine_reading_is_older_shows_no_load(r) -> 
                                     "engine_read_at": end + 1.5}, 30)
     w = job_status(r, spec)["workers"][0]
     assert not w.get("stale") and (w["running"], w["queued"], w["tokens_per_sec"]) == (0, 0, 0)
+
+
+def test_real_sglang_loads_are_current_where_its_gauges_lag() -> None:
+    """Item 13, why running and queued come from /v1/loads: on a real H200 (SGLang 0.5.11,
+    load_samples.jsonl, one reading a second) /v1/loads said 16 running 1.4 s into the load
+    while the num_running_reqs gauge still said 1 (it is written at decode-log steps)."""
+    from tests.realfixtures import samples
+
+    rows = samples("big80")
+    lagging = [x for x in rows
+               if x["num_running_reqs"] != float(x["metrics"]["sglang:num_running_reqs"])]
+    assert lagging and lagging[1]["t"] > 1 and lagging[1]["num_running_reqs"] == 16
+    assert float(lagging[1]["metrics"]["sglang:num_running_reqs"]) == 1.0
