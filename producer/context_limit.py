@@ -93,6 +93,18 @@ def _tokenizer_folder(model_path: str) -> Path | None:
     return folder if (folder / "tokenizer.json").is_file() else None
 
 
+def _messages(row: dict[str, Any], sampling: SamplingSpec) -> list[Any] | None:
+    """The messages a row is sent as (None: a plain /generate prompt), as the worker builds
+    them (workers/engine/client.py, chat_messages)."""
+    messages = row.get("messages")
+    if messages is None and sampling.chat:
+        messages = [{"role": "user", "content": row.get("prompt") or ""}]
+    if messages is not None and sampling.system_prompt and not any(
+            isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": sampling.system_prompt}, *messages]
+    return messages
+
+
 def _counter(folder: Path, sampling: SamplingSpec
              ) -> Callable[[list[dict[str, Any]]], list[int]] | None:
     """Token counts of rows with the tokenizer in ``folder``: a chat row's template rendered
@@ -106,26 +118,24 @@ def _counter(folder: Path, sampling: SamplingSpec
         return None
     kwargs = dict(sampling.chat_template_kwargs or {})
 
-    def messages_of(row: dict[str, Any]) -> list[Any] | None:
-        messages = row.get("messages")
-        if messages is None and sampling.chat:
-            messages = [{"role": "user", "content": row.get("prompt") or ""}]
-        if messages is not None and sampling.system_prompt and not any(
-                isinstance(m, dict) and m.get("role") == "system" for m in messages):
-            messages = [{"role": "system", "content": sampling.system_prompt}, *messages]
-        return messages
-
     def count(rows: list[dict[str, Any]]) -> list[int]:
-        out = []
-        for row in rows:
-            messages = messages_of(row)
+        # Encoded in two batches (the fast tokenizer spreads a batch over its threads).
+        plain: dict[int, str] = {}
+        chat: dict[int, str] = {}
+        for i, row in enumerate(rows):
+            messages = _messages(row, sampling)
             if messages is None:
-                out.append(len(tok(row["prompt"])["input_ids"]))
-                continue
-            text = tok.apply_chat_template(
-                messages, tools=(row.get("params") or {}).get("tools"), tokenize=False,
-                add_generation_prompt=True, **kwargs)
-            out.append(len(tok(str(text), add_special_tokens=False)["input_ids"]))
+                plain[i] = row["prompt"]
+            else:
+                chat[i] = str(tok.apply_chat_template(
+                    messages, tools=(row.get("params") or {}).get("tools"), tokenize=False,
+                    add_generation_prompt=True, **kwargs))
+        out = [0] * len(rows)
+        for texts, special in ((plain, True), (chat, False)):
+            if texts:
+                ids = tok(list(texts.values()), add_special_tokens=special)["input_ids"]
+                for i, row_ids in zip(texts, ids, strict=True):
+                    out[i] = len(row_ids)
         return out
 
     return count
