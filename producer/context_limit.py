@@ -59,22 +59,34 @@ class ContextLimit:
     def mark(self, rows: list[dict[str, Any]]) -> None:
         """Set ``error`` on each of ``rows`` (staged row dicts) that cannot fit the context
         (rows with an error already are left alone)."""
-        sizes = {i: _text_bytes(r) for i, r in enumerate(rows) if not r.get("error")}
+        open_rows = [i for i, r in enumerate(rows) if not r.get("error")]
         if self.count is None:
-            for i, size in sizes.items():
-                if (least := math.ceil(size / MAX_TOKEN_BYTES)) >= self.limit:
+            for i in open_rows:
+                least = math.ceil(_content_bytes(rows[i]) / MAX_TOKEN_BYTES)
+                if least >= self.limit:
                     rows[i]["error"] = self.reason(least, exact=False)
             return
         # A token spans at least one byte of the rendered text, whose template adds well
         # under half the context: rows under half the limit in bytes are not counted.
-        todo = [i for i, size in sizes.items() if size >= self.limit // 2]
+        todo = [i for i in open_rows if _json_bytes(rows[i]) >= self.limit // 2]
         for i, tokens in zip(todo, self.count([rows[i] for i in todo]), strict=True):
             if tokens >= self.limit:
                 rows[i]["error"] = self.reason(tokens, exact=True)
 
 
-def _text_bytes(row: dict[str, Any]) -> int:
-    """UTF-8 bytes of what a row sends: its prompt, or its messages and tools as JSON."""
+def _content_bytes(row: dict[str, Any]) -> int:
+    """UTF-8 bytes of the text a row sends: its prompt, or its messages' contents (a content
+    that is not a string as JSON). The rendered request holds at least these."""
+    if row.get("prompt") is not None:
+        return len(row["prompt"].encode())
+    return sum(len(c.encode()) if isinstance(c := m.get("content"), str)
+               else len(orjson.dumps(c)) if c is not None else 0
+               for m in row.get("messages") or () if isinstance(m, dict))
+
+
+def _json_bytes(row: dict[str, Any]) -> int:
+    """UTF-8 bytes of a row's prompt, or of its messages and tools as JSON: with the keys and
+    quotes, as many bytes as a chat template's own text around them, or more."""
     if row.get("prompt") is not None:
         return len(row["prompt"].encode())
     tools = (row.get("params") or {}).get("tools")

@@ -199,3 +199,19 @@ def test_a_refused_enqueue_leaves_nothing_in_the_store_nor_in_redis(fleet_env, r
     assert cli(fleet_env, "enqueue", str(src), "--job", "b-keep", "--batch-size",
                "10").returncode == 0
     assert r.hget("fleet:job:b-keep", "profile") == fleet_env["FLEET_PROFILE"].encode()
+
+
+def test_the_bound_counts_a_chat_rows_content_bytes() -> None:
+    """Item 2: a chat row's bound is its contents' UTF-8 bytes (2 for each 'é'), not the
+    JSON around them; a row under the bound is left to the engine."""
+    from producer.context_limit import ContextLimit
+
+    limit = ContextLimit(8192, 4, "a bound")
+
+    def row(chars: int) -> dict:
+        return {"index": 0, "id": "c", "messages": [{"role": "user", "content": "é" * chars}]}
+
+    over, under = row(8188 * 128), row(8188 * 128 - 200)
+    limit.mark([over, under])
+    assert over["error"].startswith(TOO_LONG) and "at least 8,188 tokens" in over["error"]
+    assert "error" not in under
