@@ -76,6 +76,9 @@ class SimSettings(BaseSettings):
     mean_output_tokens: float = 2490.0
     # Shape of the log-normal output-length distribution (sigma of the underlying normal).
     output_sigma: float = 0.8
+    # GPUs of the simulated node (0 .. gpus-1): a worker whose queue names another GPU is
+    # refused, as NVML's device count bounds a real node's (workers/node/gpu_group.py).
+    gpus: int = 8
     # Total memory of the simulated GPU in MiB (docs/workload.md: B200, 183,359 MiB).
     gpu_memory_mib: int = 183_359
     # Seed for the output-length draws, so a run can be replayed.

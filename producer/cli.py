@@ -126,9 +126,8 @@ def status(
     else:
         st = job_status(r, spec, where, early)
         out().print(render.status_table(st))
-        if warning := st["quality"]["warning"]:
-            err().print(f"quality warning (first {st['quality']['live']['rows']:,} rows): "
-                        f"{warning}", soft_wrap=True)
+        if line := render.quality_note(st):
+            err().print(line, soft_wrap=True)
         err().print(f"store: {where.store_url} ({where.where}: {where.why})", soft_wrap=True)
 
 
@@ -138,7 +137,7 @@ def verify(
     job: str = typer.Option(..., "--job", help="Job name"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
     quality: list[str] = typer.Option(None, "--quality", metavar="KEY=VALUE",
-                                      help="Override a quality gate of the job (near_empty=2%%"
+                                      help="Override a quality gate of the job (near_empty=2%"
                                       ", truncated=0.1; docs/output.md)"),
 ) -> None:
     """Check from the result store alone that every prompt is there exactly once (exit 1 if
@@ -192,9 +191,12 @@ def _requeued(job: str, report: Any) -> None:
     if not report.rows:
         err().print(f"job {job}: no row to requeue")
         return
+    from producer.render import plural
+
     by = ", ".join(f"{n} {c:,}" for n, c in sorted(report.by.items()))
-    err().print(f"requeued {report.rows:,} rows ({by}) in {report.batches} batches of job "
-                f"{job}; the data set's next version is written when they are stored")
+    err().print(f"requeued {plural(report.rows, 'row')} ({by}) in "
+                f"{plural(report.batches, 'batch')} of job {job}; the data set's next version "
+                "is written when they are stored")
 
 
 @cli.command("requeue-failed")
@@ -334,7 +336,10 @@ def pause(job: str = typer.Option(..., "--job", help="Job name")) -> None:
     settings = load_settings()
     _, r = _open(settings)
     removed = stop_job(r, job, "paused")
-    err().print(f"job {job} paused: {removed} queued batches pulled; running batches finish")
+    from producer.render import plural
+
+    err().print(f"job {job} paused: {plural(removed, 'queued batch')} pulled; running batches "
+                "finish")
 
 
 @cli.command()
@@ -361,7 +366,10 @@ def cancel(job: str = typer.Option(..., "--job", help="Job name")) -> None:
     settings = load_settings()
     _, r = _open(settings)
     removed = stop_job(r, job, "cancelled")
-    err().print(f"job {job} cancelled: {removed} queued batches removed; running batches stop")
+    from producer.render import plural
+
+    err().print(f"job {job} cancelled: {plural(removed, 'queued batch')} removed; running "
+                "batches stop")
 
 
 @cli.command()

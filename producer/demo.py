@@ -1,7 +1,9 @@
 """``make demo``: a small job through two simulated GPU workers, start to verified finish.
 
-Uses the Redis at FLEET_REDIS_URL when one answers, otherwise starts Debian's ``redis-server``
-on a free port; starts two workers (``celery -A workers worker -Q gpu0`` / ``gpu1``) whose
+Starts its own Redis (Debian's ``redis-server`` on a free port) unless FLEET_REDIS_URL is
+set: a demo never enqueues into whatever Redis answers at the default port, which on a shared
+machine may be someone else's fleet. A FLEET_REDIS_URL that does not answer ends the demo with
+one line (exit 4). Starts two workers (``celery -A workers worker -Q gpu0`` / ``gpu1``) whose
 engines are the SGLang simulator, and Flower with the shipped config; enqueues a few hundred
 prompts; shows the live status; runs ``verify``; waits for the data set the workers build when
 the job ends (the README's path: no sink worker, no manual step); writes the report with plots;
@@ -44,15 +46,26 @@ ENQUEUE_ARGS = ("--batch-size", "50")
 console = Console(highlight=False, soft_wrap=True)
 
 
-def _redis(url: str) -> tuple[str, RedisServer | None]:
-    try:
-        if redis.Redis.from_url(url, socket_connect_timeout=1).ping():
-            console.print(f"using the Redis that answers at {url.split('@')[-1]}")
-            return url, None
-    except redis.RedisError:
-        pass
-    server = start_redis(DEMO_DIR / "redis")
-    console.print(f"no Redis reachable: started redis-server on 127.0.0.1:{server.port}")
+class DemoRedisError(RuntimeError):
+    """FLEET_REDIS_URL was set for the demo and nothing answers there."""
+
+
+def _redis(explicit: str | None, folder: Path) -> tuple[str, RedisServer | None]:
+    """The Redis the demo uses: the one FLEET_REDIS_URL names (``explicit``, which must
+    answer), else a ``redis-server`` started in ``folder`` on a free port."""
+    if explicit:
+        where = explicit.split("@")[-1]  # never print a password
+        try:
+            redis.Redis.from_url(explicit, socket_connect_timeout=1).ping()
+        except redis.RedisError as exc:
+            raise DemoRedisError(f"FLEET_REDIS_URL is set ({where}) but Redis does not answer "
+                                 f"there ({type(exc).__name__}); unset it to let the demo "
+                                 "start its own") from None
+        console.print(f"using the Redis FLEET_REDIS_URL names ({where})")
+        return explicit, None
+    server = start_redis(folder)
+    console.print(f"started redis-server on 127.0.0.1:{server.port} for the demo (set "
+                  "FLEET_REDIS_URL to use another)")
     return server.url, server
 
 
@@ -85,7 +98,14 @@ def _producer(env: dict[str, str], *args: str) -> int:
 def main() -> int:
     """Run the demo; returns the exit code of ``verify``."""
     settings = load_settings()
-    url, server = _redis(settings.redis_url.get_secret_value())
+    # Only a FLEET_REDIS_URL in the environment counts, not the settings' default URL.
+    explicit = settings.redis_url.get_secret_value() if os.environ.get("FLEET_REDIS_URL") \
+        else None
+    try:
+        url, server = _redis(explicit, DEMO_DIR / "redis")
+    except DemoRedisError as exc:
+        Console(stderr=True, highlight=False).print(f"error: {exc}", soft_wrap=True)
+        return 4
     env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_ENGINE": "sim",
            "FLEET_ENGINE_BASE_PORT": str(free_port_block(8)),
            "FLEET_METRICS_BASE_PORT": str(free_port_block(8)),

@@ -31,6 +31,7 @@ import redis
 from celery import Celery
 
 from producer.keep import KeepColumns
+from producer.options import sampling_conflict
 from producer.refusals import check_staged, refused_unstaged
 from workers.dataset.jobs import (
     JobSpec,
@@ -219,17 +220,22 @@ def _fingerprint(digest: hashlib._Hash, rows: list[dict[str, Any]]) -> None:
 def stage(store: Store, job: str, rows: Iterable[dict[str, Any]], batch_size: int,
           report: EnqueueReport, skip_existing: bool,
           on_batch: Callable[[int, int], None] | None = None,
-          writer: BatchWriter | None = None, recorded: list[str] | None = None
+          writer: BatchWriter | None = None, recorded: list[str] | None = None,
+          mark: Callable[[list[dict[str, Any]]], None] | None = None
           ) -> tuple[int, int, str]:
     """Write each batch of staged row dicts (as :mod:`producer.readers` yields them) to the
     store (or, through a spooling ``writer``, only the batches whose staged object is not
     intact: not matching ``recorded[b]``, else the input's own sha256); return (rows, batches,
-    input fingerprint). ``report.batch_sha256`` gets each batch's sha256."""
+    input fingerprint). ``report.batch_sha256`` gets each batch's sha256. ``mark`` quarantines
+    rows of a batch (producer/context_limit.py) after the fingerprint has read them, so the
+    fingerprint is the input's alone."""
     digest, total, n = hashlib.sha256(), 0, 0
     recorded = recorded or []
     with writer or BatchWriter(store) as out:
         for n, chunk in enumerate(_chunks(rows, batch_size), start=1):
             _fingerprint(digest, chunk)
+            if mark is not None:
+                mark(chunk)
             report.bad_rows += [e for d in chunk if (e := d.get("error"))]
             key, data = input_key(job, n - 1), encode_rows(chunk, compress=False)
             sha = staged_sha256(data)
@@ -257,15 +263,17 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
 
 def _stage_for(store: Store, job: str, input_path: Path, rows: Iterable[dict[str, Any]],
                size: int, report: EnqueueReport, old: JobSpec | None,
-               on_batch: Callable[[int, int], None] | None) -> tuple[int, int, str]:
+               on_batch: Callable[[int, int], None] | None,
+               mark: Callable[[list[dict[str, Any]]], None] | None = None
+               ) -> tuple[int, int, str]:
     """Stage a new job; for an existing one, check the fingerprint before anything is written,
     then re-stage only the batches whose staged object is missing or corrupt."""
     if old is None:
-        return stage(store, job, rows, size, report, False, on_batch)
+        return stage(store, job, rows, size, report, False, on_batch, mark=mark)
     with tempfile.TemporaryDirectory(prefix="fleet-stage-") as spool:
         writer = BatchWriter(store, spool=Path(spool))
         total, n, fingerprint = stage(store, job, rows, size, report, True, on_batch,
-                                      writer=writer, recorded=old.input_sha256)
+                                      writer=writer, recorded=old.input_sha256, mark=mark)
         if total and fingerprint != old.input_fingerprint:
             raise JobError(f"{input_path} differs from the input job {job!r} was created with "
                            "(fingerprint mismatch); use a new job name")
@@ -297,6 +305,9 @@ class JobInput:
     allow_quarantine: bool = False
     # --on-quality-warning warn|pause (None: the job's, "warn" for a new one).
     on_quality_warning: str | None = None
+    # Quarantines the rows of a batch that cannot fit the model's context
+    # (producer/context_limit.py, ContextLimit.mark); None: only the engine checks.
+    mark: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
@@ -327,15 +338,17 @@ def enqueue(store: Store, r: redis.Redis, app: Celery, job_input: JobInput,
     rows = counted(rows)
     size = batch_size or (old.batch_size if old else default_batch_size)
     if old and size != old.batch_size:
-        raise JobError(f"job {job!r} exists with batch size {old.batch_size}, not {size}")
+        raise JobError(f"job {job!r} exists with other flags: --batch-size {old.batch_size} "
+                       f"(given {size}); re-run with the job's --batch-size (or none) to "
+                       "resume, or use a new job name")
     if old and sampling != old.sampling and sampling != SamplingSpec():
-        raise JobError(f"job {job!r} exists with sampling {old.sampling.model_dump()}")
+        raise JobError(sampling_conflict(job, old.sampling, sampling))
     placeholder = JobSpec(name=job, total=0, batch_size=size, n_batches=0,
                           input_path=str(input_path), input_fingerprint="")
     report = EnqueueReport(spec=placeholder, created=old is None)
     with refused_unstaged(store, job, old is None):
         total, n, fingerprint = _stage_for(store, job, input_path, rows, size, report, old,
-                                           on_batch)
+                                           on_batch, job_input.mark)
         if total == 0:
             raise InputError(str(input_path), None, "no rows")
         if old is None:

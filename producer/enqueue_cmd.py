@@ -13,6 +13,10 @@ from typing import Any
 
 import typer
 
+# --help groups the flags in panels: each panel's table is laid out on its own, so at 80
+# columns no long flag name (--drop-unsupported-sampling) is cut to fit another's help.
+SAMPLING, CHAT, ROWS, STORE = \
+    "Sampling", "Chat", "Input rows", "Store, reuse and quality"
 INPUT_HELP = ("Prompts: a .jsonl[.gz] (prompt / messages / OpenAI-batch lines) or .parquet "
               "file, a folder of them, s3://bucket/key or s3://bucket/prefix/ of parts, or "
               "another fsspec URL (its filesystem package installed)")
@@ -63,48 +67,60 @@ def enqueue_command(
                                    help="Prompts per batch, fixed per job (default: "
                                    "FLEET_BATCH_SIZE's 500 or 4 x the live GPUs' in-flight "
                                    "budget, cut so every live GPU gets 2+ batches)"),
-    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1,
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1, metavar="N",
+                                       rich_help_panel=SAMPLING,
                                        help="Ceiling on generated tokens per prompt: a row's "
                                        "own max_tokens applies only when it is lower "
                                        "(requeue-failed --max-new-tokens lifts it)"),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature"),
-    top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling"),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, metavar="T",
+                                      rich_help_panel=SAMPLING, help="Sampling temperature"),
+    top_p: float = typer.Option(None, "--top-p", min=0.0, max=1.0, metavar="P",
+                                rich_help_panel=SAMPLING, help="Nucleus sampling"),
     sampling: list[str] = typer.Option(None, "--sampling", metavar="KEY=VALUE",
+                                       rich_help_panel=SAMPLING,
                                        help="Any SGLang sampling parameter, repeatable "
                                        "(top_k=20, min_p=0, stop='[\"END\"]'); values are "
                                        "JSON when they parse; OpenAI names (seed, max_tokens) "
                                        "are mapped. A row's own parameters override these"),
-    chat: bool = typer.Option(False, "--chat", help="Send plain prompts as one user message "
+    chat: bool = typer.Option(False, "--chat", rich_help_panel=CHAT,
+                              help="Send plain prompts as one user message "
                               "through the chat template instead of raw /generate text"),
-    system_prompt: str = typer.Option(None, "--system-prompt", help="System message for chat "
-                                      "requests that have none of their own (implies --chat)"),
+    system_prompt: str = typer.Option(None, "--system-prompt", rich_help_panel=CHAT,
+                                      help="System message for chat requests that have none "
+                                      "of their own (implies --chat)"),
     chat_template_kwargs: str = typer.Option(None, "--chat-template-kwargs", metavar="JSON",
+                                             rich_help_panel=CHAT,
                                              help="e.g. '{\"enable_thinking\": false}' "
                                              "(implies --chat; a row's own keys win)"),
     drop_unsupported: bool = typer.Option(False, "--drop-unsupported-sampling",
+                                          rich_help_panel=ROWS,
                                           help="Drop row parameters the engine would refuse "
                                           "(counted in the job record) instead of refusing "
                                           "the input"),
-    prompt_column: str = typer.Option("prompt", "--prompt-column", help="Column of prompts"),
-    messages_column: str = typer.Option("messages", "--messages-column",
+    prompt_column: str = typer.Option("prompt", "--prompt-column", rich_help_panel=ROWS,
+                                      help="Column of prompts"),
+    messages_column: str = typer.Option("messages", "--messages-column", rich_help_panel=ROWS,
                                         help="Column of chat messages"),
-    id_column: str = typer.Option("id", "--id-column", help="Column of row ids"),
-    reuse_from: str = typer.Option(None, "--reuse-from", help="Copy finished rows of this job "
-                                   "(same prompt, sampling and profile) instead of regenerating"),
+    id_column: str = typer.Option("id", "--id-column", rich_help_panel=ROWS,
+                                  help="Column of row ids"),
+    reuse_from: str = typer.Option(None, "--reuse-from", rich_help_panel=STORE,
+                                   help="Copy finished rows of this job (same prompt, "
+                                   "sampling and profile) instead of regenerating"),
     allow_node_local_store: bool = typer.Option(
-        False, "--allow-node-local-store", help="Accept a store on this node (lost when the "
-        "node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
+        False, "--allow-node-local-store", rich_help_panel=STORE, help="Accept a store on this "
+        "node (lost when the node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
     samples: int = typer.Option(None, "--samples", metavar="N",
                                 help="Samples per prompt (a row's own OpenAI n wins; same as "
                                 "--sampling n=N); each is stored once, with its number in "
                                 "the column 'sample'"),
-    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B",
+    keep_columns: str = typer.Option(None, "--keep-columns", metavar="A,B", rich_help_panel=ROWS,
                                      help="Input columns carried into the data set and every "
                                      "export ('*': every column the fleet does not read)"),
     quality: list[str] = typer.Option(None, "--quality", metavar="KEY=VALUE",
-                                      help="A quality gate of the job, repeatable (near_empty=1%%"
-                                      ", truncated=5%%, near_empty_tokens=10; docs/output.md)"),
-    allow_quarantine: bool = typer.Option(False, "--allow-quarantine",
+                                      rich_help_panel=STORE,
+                                      help="A quality gate of the job, repeatable (near_empty=1%"
+                                      ", truncated=5%, near_empty_tokens=10; docs/output.md)"),
+    allow_quarantine: bool = typer.Option(False, "--allow-quarantine", rich_help_panel=STORE,
                                           help="Enqueue even when more rows are quarantined at "
                                           "staging than the failed_or_quarantined gate allows"),
     on_quality_warning: QualityReaction = typer.Option(
@@ -125,12 +141,13 @@ def run_enqueue(o: EnqueueOptions) -> None:
 
     from config.settings import load_settings
     from producer import render
+    from producer.context_limit import context_limit
     from producer.enqueue import JobInput
     from producer.enqueue import enqueue as enqueue_job
     from producer.keep import KeepColumns, parse_keep
     from producer.options import dropped_note, job_quality, job_sampling, resumed_sampling
     from producer.readers import ReadOptions, read_rows
-    from producer.reuse import reuse_hook
+    from producer.reuse import answered_twin, reuse_hook
     from workers import app
     from workers.dataset.jobs import check_job_name, load_spec
     from workers.dataset.location import check_not_repointed, locate, require_off_node
@@ -148,8 +165,8 @@ def run_enqueue(o: EnqueueOptions) -> None:
     err = Console(stderr=True, highlight=False)
     check_job_name(o.job)
     check_not_repointed(r, o.job, store.url)
-    if "profile" in settings.model_fields_set:  # FLEET_PROFILE on enqueue: the job needs it
-        _record_profile(r, o.job, settings.profile)
+    # FLEET_PROFILE on enqueue: the job needs it (read now, recorded once the job is staged).
+    needs = _needed_profile(settings.profile) if "profile" in settings.model_fields_set else None
     spec_sampling = resumed_sampling(store, o.job, job_sampling(
         o.max_new_tokens, o.temperature, o.top_p, o.sampling, o.chat, o.system_prompt,
         o.chat_template_kwargs, o.drop_unsupported, o.samples))
@@ -165,12 +182,23 @@ def run_enqueue(o: EnqueueOptions) -> None:
     if (kept := parse_keep(keep_columns)) is not None:
         opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
     rows = read_rows(o.input, opts, settings.s3)
+    limit = context_limit(settings.profile, spec_sampling)
     with render.enqueue_progress(err) as on_batch:
-        hook, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
+        reuse, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
+
+        def hook(spec: Any) -> None:  # before any batch is sent, after nothing was refused
+            if needs is not None:
+                from workers.delivery import jobstate
+
+                jobstate.record_profile(r, o.job, needs.name, needs.output_flags())
+            if reuse is not None:
+                reuse(spec)
+
         job = JobInput(o.input, o.job, o.batch_size or None, spec_sampling, rows,
                        dropped_keys=opts.dropped, keep=opts.keep, quality=quality,
                        allow_quarantine=o.allow_quarantine,
-                       on_quality_warning=_reaction(o.on_quality_warning))
+                       on_quality_warning=_reaction(o.on_quality_warning),
+                       mark=limit.mark if limit is not None else None)
         report = enqueue_job(store, r, app, job, on_batch, default_batch_size=settings.batch_size,
                              before_reconcile=hook,
                              choose_size=batch_size_rule.chooser(r, settings))
@@ -179,18 +207,19 @@ def run_enqueue(o: EnqueueOptions) -> None:
         err.print(note, soft_wrap=True)
     if reused:
         err.print(reused[0].summary(), soft_wrap=True)
+    elif report.created and (twin := answered_twin(r, report.spec)):
+        err.print(twin, soft_wrap=True)
     trigger_if_complete(r, app, report.spec, settings)
 
 
-def _record_profile(r: Any, job: str, name: str) -> None:
-    """Record the launch profile FLEET_PROFILE names as the one the job needs (its parsers);
-    a worker whose engine runs other parsers hands its batches back (docs/recipes.md)."""
+def _needed_profile(name: str) -> Any:
+    """The launch profile FLEET_PROFILE names, to be recorded as the one the job needs (its
+    parsers); a worker whose engine runs other parsers hands its batches back
+    (docs/recipes.md)."""
     from config.launch_profile import ProfileError, load_profile
-    from workers.delivery import jobstate
     from workers.errors import JobError
 
     try:
-        wanted = load_profile(name)
+        return load_profile(name)
     except ProfileError as exc:
         raise JobError(f"FLEET_PROFILE: {exc}") from None
-    jobstate.record_profile(r, job, wanted.name, wanted.output_flags())

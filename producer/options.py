@@ -87,6 +87,33 @@ def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: f
                         samples=n)
 
 
+# The enqueue flag of each SamplingSpec field (``--sampling`` keys are named one by one).
+FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
+         "top_p": "--top-p", "chat": "--chat", "system_prompt": "--system-prompt",
+         "chat_template_kwargs": "--chat-template-kwargs",
+         "drop_unsupported": "--drop-unsupported-sampling", "samples": "--samples"}
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
+
+
+def sampling_conflict(job: str, old: SamplingSpec, given: SamplingSpec) -> str:
+    """One line naming each flag whose value differs from the job's, with both values."""
+    diffs = [f"{flag} {_shown(getattr(old, name))} (given {_shown(getattr(given, name))})"
+             for name, flag in FLAGS.items() if getattr(old, name) != getattr(given, name)]
+    for key in sorted(old.params.keys() | given.params.keys()):
+        if old.params.get(key) != given.params.get(key):
+            diffs.append(f"--sampling {key}={_shown(old.params.get(key))} "
+                         f"(given {_shown(given.params.get(key))})")
+    return (f"job {job!r} exists with other flags: {'; '.join(diffs)}; re-run with the "
+            "job's flags (or none of them) to resume, or use a new job name")
+
+
 def resumed_sampling(store: Store, job: str, given: SamplingSpec) -> SamplingSpec:
     """The recorded options of an existing job when none are given (a plain re-run resumes
     it, and its input must read as it did when the job was created)."""
@@ -102,7 +129,8 @@ def dropped_note(dropped: dict[str, int]) -> str | None:
     """One line on the row keys that are not sent to the engine (None when there are none)."""
     if not dropped:
         return None
-    listed = ", ".join(f"{k} ({n:,} rows)" for k, n in sorted(dropped.items()))
+    listed = ", ".join(f"{k} ({n:,} row{'' if n == 1 else 's'})"
+                       for k, n in sorted(dropped.items()))
     return (f"not sent to the engine: {listed}; 'user' and 'metadata' are OpenAI bookkeeping, "
             "other keys were dropped by --drop-unsupported-sampling (counts in the job record)")
 

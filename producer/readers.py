@@ -178,18 +178,32 @@ def _text_stream(part: Part) -> IO[bytes]:
     return gzip.GzipFile(fileobj=raw, mode="rb") if part.fmt == "jsonl.gz" else raw
 
 
+def _not_json(line: bytes, offset: int, exc: orjson.JSONDecodeError) -> str:
+    """Why a line is not JSON: its encoding when it is not UTF-8 (the byte and its offset in
+    the file, uncompressed), else the parser's words."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return (f"not UTF-8: byte 0x{line[bad.start]:02x} at byte offset {offset + bad.start:,}"
+                f" of the file (column {bad.start + 1} of the line); JSONL must be UTF-8 "
+                "(re-encode it, e.g. iconv -f latin1 -t utf-8)")
+    return f"not valid JSON ({exc})"
+
+
 def read_jsonl(part: Part, opts: ReadOptions, start: int = 0) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL part; blank lines are skipped, bad JSON raises InputError."""
-    index = start
+    """Rows of a JSONL part; blank lines are skipped, bad JSON (or a line that is not UTF-8)
+    raises InputError."""
+    index, offset = start, 0
     try:
         with _text_stream(part) as fh:
             for line_no, line in enumerate(fh, start=1):
+                offset, at = offset + len(line), offset
                 if line.isspace():
                     continue
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError as exc:
-                    raise InputError(part.name, line_no, f"not valid JSON ({exc})") from exc
+                    raise InputError(part.name, line_no, _not_json(line, at, exc)) from None
                 try:
                     row = normalize(obj, index, f"line {line_no}", opts)
                     opts.check_samples(row)

@@ -4,18 +4,19 @@ Staging streams, so a few checks can only be made once every row went by: a ``--
 name that no row had, and more rows quarantined at read time than the job's
 ``failed_or_quarantined`` gate allows (unless ``--allow-quarantine``). A refusal is an
 :class:`InputError` (one line, exit 2); :func:`refused_unstaged` deletes the batches staged
-for the refused job, and its record was never written, so nothing of it is left. (A missing
+for the refused job, and the folders a folder store made for them, and its record was never
+written, so nothing of it is left. (A missing
 prompt column is refused earlier, by the reader, before the first batch: producer/readers.py.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from workers.dataset.quality_gates import thresholds
-from workers.dataset.store import Store
+from workers.dataset.store import LocalStore, Store
 from workers.errors import InputError
 
 
@@ -28,7 +29,19 @@ def refused_unstaged(store: Store, job: str, new: bool) -> Iterator[None]:
         if new:
             for key in store.list(f"jobs/{job}/inputs/"):
                 store.delete(key)
+            _remove_empty_folders(store, job)
         raise
+
+
+def _remove_empty_folders(store: Store, job: str) -> None:
+    """A folder store keeps the folders of the objects it deleted (an object store has
+    none): remove the refused job's, where they are empty."""
+    local = getattr(store, "inner", store)  # a RetryingStore's own store
+    if not isinstance(local, LocalStore):
+        return
+    for folder in (local.root / "jobs" / job / "inputs", local.root / "jobs" / job):
+        with suppress(OSError):  # not empty (or not there): left as it is
+            folder.rmdir()
 
 
 def check_kept(source: str, keep: Any) -> None:

@@ -20,9 +20,20 @@ if TYPE_CHECKING:
     from producer.enqueue import EnqueueReport
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 batch``, ``2 batches``, ``1,000 rows``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count:,} {noun}{'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
+
+
 @contextlib.contextmanager
 def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
-    """A progress line for staging: rows read and batches written."""
+    """A progress line for staging on a terminal: rows read and batches written (piped, none:
+    rich would leave an empty line where it stood)."""
+    if not console.is_terminal:
+        yield lambda rows, batches: None
+        return
     # The row count is unknown while the file streams: the bar pulses instead of filling.
     columns = (SpinnerColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn())
@@ -30,13 +41,16 @@ def enqueue_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
         task = progress.add_task("reading", total=None)
 
         def on_batch(rows: int, batches: int) -> None:
-            progress.update(task, description=f"read {rows:,} rows, staged {batches:,} batches")
+            progress.update(task, description=f"read {plural(rows, 'row')}, staged "
+                                              f"{plural(batches, 'batch')}")
 
         yield on_batch
 
 
-# Seconds the last view of a done job waits for fresh heartbeats (one beat is 5 s by default).
-SETTLE_WAIT_S = 8.0
+# Seconds the last view of a done job waits for engine readings taken after its end: a
+# worker reads its engine once a heartbeat interval (5 s by default) and sends the reading
+# with its next beat, up to another interval later.
+SETTLE_WAIT_S = 12.0
 
 
 def enqueue_summary(console: Console, report: EnqueueReport) -> None:
@@ -44,14 +58,15 @@ def enqueue_summary(console: Console, report: EnqueueReport) -> None:
     s = report.spec
     verb = "created" if report.created else "resumed"
     console.print(
-        f"job {s.name} {verb}: {s.total:,} prompts in {s.n_batches:,} batches of {s.batch_size}; "
+        f"job {s.name} {verb}: {plural(s.total, 'prompt')} in {plural(s.n_batches, 'batch')} "
+        f"of {s.batch_size}; "
         f"enqueued {report.enqueued}, already done {report.already_done}, "
         f"already pending {report.already_pending}", soft_wrap=True)
     if s.expected_samples != s.total:
         console.print(f"{s.expected_samples:,} samples in all (one row per prompt and sample)",
                       soft_wrap=True)
     if report.bad_rows:
-        console.print(f"quarantined {len(report.bad_rows)} bad rows (stored with their "
+        console.print(f"quarantined {plural(len(report.bad_rows), 'bad row')} (stored with their "
                       f"reason), first: {report.bad_rows[0]}", soft_wrap=True)
 
 
@@ -76,7 +91,7 @@ def status_table(st: dict[str, Any]) -> Group:
         gpus.add_column(col)
     for w in st["workers"]:
         gpus.add_row(w["node"], str(w.get("group", w["gpu"])), w["engine_state"],
-                     f"{w['tokens_per_sec']:,.0f}",
+                     _num(None if w["tokens_per_sec"] is None else round(w["tokens_per_sec"])),
                      f"{_num(w.get('running'))}/{_num(w.get('cap'))}", _num(w.get("queued")),
                      _num(w["batches_running"]), str(w["engine_restarts"]), w["profile"])
     quality = st.get("quality") or {}
@@ -87,7 +102,7 @@ def status_table(st: dict[str, Any]) -> Group:
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
     done_pct = 100 * finished / max(st["total"], 1)
     for k, v in (
-        ("progress", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
+        (f"progress ({_unit(st)})", f"{finished:,}/{st['total']:,} ({done_pct:.1f} %)"),
         *([("prompts done (every sample stored)",
             f"{st['prompts_done']:,}/{st['prompts']:,}")]
           if st.get("prompts") not in (None, st["total"]) else []),
@@ -120,15 +135,45 @@ def verify_table(report: dict[str, Any]) -> Table:
               "misplaced", "failed",
               "quarantined", "truncated"):
         table.add_row(k, f"{report.get(k, 0):,}")
-    table.add_row("ok", "yes" if report["ok"] else "NO")
-    if quality := report.get("quality"):
+    table.add_row("every prompt once", "yes" if report["ok"] else "NO")
+    quality = report.get("quality")
+    if quality:
         from workers.dataset.quality_gates import summary
 
         pct = quality.get("completion_tokens") or {}
         table.add_row("completion tokens",
                       " ".join(f"{k} {v:,}" for k, v in pct.items()) or "-")
-        table.add_row("quality", summary(quality["failed"]))
+        names = ", ".join(g["gate"] for g in quality["failed"])
+        table.add_row("quality", summary(quality["failed"]) + (f": {names}" if names else ""))
+    table.add_row("verdict", verdict(report))
     return table
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """``verify``'s verdict with its exit code: 1 for rows missing or doubled, 5 for a failed
+    quality gate (producer/cli.py)."""
+    if not report["ok"]:
+        return "FAILED: rows missing, doubled or misplaced (exit 1)"
+    failed = (report.get("quality") or {}).get("failed") or []
+    if failed:
+        return f"FAILED: quality gate {', '.join(g['gate'] for g in failed)} (exit 5)"
+    return "ok (exit 0)"
+
+
+def quality_note(st: dict[str, Any]) -> str | None:
+    """The line ``status`` adds on stderr: once a data set is committed, its verdict when a
+    gate failed (the live tally's warning is then history); before, the live warning."""
+    quality = st.get("quality") or {}
+    failed = quality.get("gates_failed")
+    if failed is not None:
+        if not failed:
+            return None
+        return (f"quality of the committed data set: {len(failed)} gate(s) failed: "
+                f"{', '.join(failed)} (figures: fleet verify --job {st['job']})")
+    if warning := quality.get("warning"):
+        return (f"quality warning (first {quality['live']['rows']:,} rows, live tally): "
+                f"{warning}")
+    return None
 
 
 def quality_lines(report: dict[str, Any]) -> list[str]:
@@ -184,7 +229,9 @@ def _quality_cell(quality: dict[str, Any]) -> str:
     """The status view's quality row: the committed data set's verdict, else the live
     warning (or how many rows the live tally holds)."""
     if quality.get("gates_failed") is not None:
-        return shown_state("", quality["gates_failed"]).lstrip(", ") or "ok (every gate)"
+        verdict = shown_state("", quality["gates_failed"]).lstrip(", ").removeprefix(
+            "quality: ") or "ok (every gate passed)"
+        return f"committed data set: {verdict}"
     live = quality.get("live") or {}
     if quality.get("warning"):
         return f"WARNING after {live.get('rows', 0):,} rows: {quality['warning']}"
@@ -197,12 +244,17 @@ def _paused_by(st: dict[str, Any]) -> str:
     return f" (by a worker on its {by}; fleet resume --job {st['job']} goes on)" if by else ""
 
 
+def _unit(st: dict[str, Any]) -> str:
+    """What a status's ``total`` counts: samples where a prompt has several, else prompts."""
+    return "samples" if st.get("prompts") not in (None, st["total"]) else "prompts"
+
+
 def progress_line(st: dict[str, Any]) -> str:
     """The job's progress in one line (``status --watch`` on a pipe)."""
     finished = st["completed"] + st["failed"] + st.get("quarantined", 0)
     quality = st.get("quality") or {}
     state = shown_state(st["state"], quality.get("gates_failed")) + _paused_by(st)
-    return (f"job {st['job']}: {state}, {finished:,}/{st['total']:,} prompts, "
+    return (f"job {st['job']}: {state}, {finished:,}/{st['total']:,} {_unit(st)}, "
             f"{st['tokens_per_sec']:,.0f} tok/s, ETA {_fmt_eta(st['eta_hours'])}"
             + "".join(f"; stalled: {note}" for note in st.get("stalled") or [])
             + (f"; WARNING: {quality['warning']}" if quality.get("warning") else ""))

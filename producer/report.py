@@ -9,8 +9,7 @@ What it reads, all recorded by the fleet during the run:
   (``fleet:job:{j}:series:n`` / ``:tok``, one field per bucket and GPU);
 - the live counters, rates and ETA (:func:`producer.status.job_status`).
 
-It writes ``report.md``, ``summary.json`` and ``throughput.png``, ``progress.png``,
-``latency.png``, ``output_length.png``, ``finish_reasons.png`` into DIR.
+It writes ``report.md``, ``summary.json`` and the six PNGs of :data:`PLOTS` into DIR.
 """
 
 from __future__ import annotations
@@ -32,6 +31,9 @@ from workers.dataset.store import Store
 from workers.delivery import jobstate
 
 PERCENTILES = (50, 90, 99)
+# The plots the report writes (docs/observability.md names each).
+PLOTS = ("throughput.png", "progress.png", "latency.png", "output_length.png",
+         "finish_reasons.png", "quality.png")
 
 
 @dataclass
@@ -124,11 +126,15 @@ def read_rows(store: Store, spec: JobSpec) -> RowStats:
 
 
 def _percentiles(values: list[float] | list[int]) -> dict[str, float]:
+    """p50, p90, p99, mean and max; the max of token counts is the integer it is (the same
+    figure as ``verify``'s completion-token max)."""
     if not values:
         return {}
     arr = np.asarray(values, dtype=float)
     out = {f"p{p}": round(float(np.percentile(arr, p)), 3) for p in PERCENTILES}
-    return {**out, "mean": round(float(arr.mean()), 3), "max": round(float(arr.max()), 3)}
+    top = max(values)
+    return {**out, "mean": round(float(arr.mean()), 3),
+            "max": top if isinstance(top, int) else round(float(top), 3)}
 
 
 def _per_gpu(line: Timeline) -> list[dict[str, Any]]:
@@ -145,7 +151,8 @@ def _per_gpu(line: Timeline) -> list[dict[str, Any]]:
 def summarize(status: dict[str, Any], line: Timeline, rows: RowStats) -> dict[str, Any]:
     """The numbers of the report (also written as summary.json). The rates are the status's:
     over the job's active span once it is done (producer/status.py)."""
-    keep = ("job", "state", "total", "completed", "failed", "quarantined", "truncated",
+    keep = ("job", "state", "total", "prompts", "samples", "completed", "failed",
+            "quarantined", "truncated",
             "output_tokens", "done", "eta_hours", "rate_per_sec", "tokens_per_sec",
             "elapsed_s", "active_s", "dataset")
     span = line.span_s
@@ -171,8 +178,16 @@ def _dist_rows(summary: dict[str, Any]) -> list[list[Any]]:
     for name, key in (("latency (s)", "latency_s"), ("output length (tokens)",
                                                       "output_length_tokens")):
         d = summary[key]
-        rows.append([name, *(d.get(k, "-") for k in ("p50", "p90", "p99", "mean", "max"))])
+        rows.append([name, *(_cell(d.get(k, "-")) for k in ("p50", "p90", "p99", "mean",
+                                                            "max"))])
     return rows
+
+
+def _cell(value: Any) -> str:
+    """A number of the report's tables: integers (whole floats too) with thousands commas."""
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return f"{int(value):,}"
+    return str(value)
 
 
 def _duration(seconds: float) -> str:
@@ -184,9 +199,13 @@ def markdown(summary: dict[str, Any]) -> str:
     s = summary
     eta = "done" if s["done"] else (f"{s['eta_hours']:.2f} h" if s["eta_hours"] else "unknown")
     lines = [f"# Job {s['job']}", ""]
-    lines += _table(["prompts", "completed", "failed (quarantined)", "truncated",
-                     "output tokens", "generation", "mean tok/s", "ETA"],
-                    [[f"{s['total']:,}", f"{s['completed']:,}",
+    # With several samples per prompt the counts are samples (one row each).
+    several = s.get("prompts") not in (None, s["total"])
+    lines += _table([*(["prompts", "samples"] if several else ["prompts"]), "completed",
+                     "failed (quarantined)", "truncated", "output tokens", "generation",
+                     "mean tok/s", "ETA"],
+                    [[*([f"{s['prompts']:,}"] if several else []), f"{s['total']:,}",
+                      f"{s['completed']:,}",
                       f"{s['failed']:,} ({s['quarantined']:,})", f"{s['truncated']:,}",
                       f"{s['output_tokens']:,}", _duration(s["generation_s"]),
                       s["mean_tokens_per_sec"], eta]])
@@ -222,13 +241,15 @@ def build_report(r: redis.Redis, store: Store, spec: JobSpec, out: Path) -> dict
     summary["quality"] = None if quality is None else {
         "completion_tokens": quality["completion_tokens"], "gates_failed": quality["gates_failed"],
         "failed": quality["failed"]}
+    paths = dict(zip(PLOTS, (out / name for name in PLOTS), strict=True))
     files = [
-        plots.throughput(line.node_tokens, line.width, out / "throughput.png"),
-        plots.progress(line.rows, line.width, status, out / "progress.png"),
-        plots.histogram(rows.latency_s, "latency (s)", out / "latency.png"),
-        plots.histogram(rows.output_tokens, "output length (tokens)", out / "output_length.png"),
-        plots.bars(rows.finish, "finish reason", out / "finish_reasons.png"),
-        plots.quality(quality, out / "quality.png"),
+        plots.throughput(line.node_tokens, line.width, paths["throughput.png"]),
+        plots.progress(line.rows, line.width, status, paths["progress.png"]),
+        plots.histogram(rows.latency_s, "latency (s)", paths["latency.png"]),
+        plots.histogram(rows.output_tokens, "output length (tokens)",
+                        paths["output_length.png"]),
+        plots.bars(rows.finish, "finish reason", paths["finish_reasons.png"]),
+        plots.quality(quality, paths["quality.png"]),
     ]
     (out / "report.md").write_text(markdown(summary))
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

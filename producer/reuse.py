@@ -68,8 +68,11 @@ class ReuseReport:
 
     def summary(self) -> str:
         """One line for the enqueue output."""
-        return (f"reused {self.rows} rows from job {self.source} ({self.candidates} finished "
-                f"rows there): {self.batches} batches stored without a GPU, "
+        from producer.render import plural
+
+        return (f"reused {plural(self.rows, 'row')} from job {self.source} "
+                f"({plural(self.candidates, 'finished row')} there): "
+                f"{plural(self.batches, 'batch')} stored without a GPU, "
                 f"{self.partial_batches} partly pre-filled")
 
 
@@ -220,3 +223,21 @@ def reuse_hook(store: Store, r: redis.Redis, source: str | None, profile: str
         reports.append(apply_reuse(store, r, spec, source, profile))
 
     return hook, reports
+
+
+def answered_twin(r: redis.Redis, spec: JobSpec) -> str | None:
+    """One line when another job Redis knows was made from the same rows (the same input
+    fingerprint) and has answered some: the job ``--reuse-from`` would copy them from."""
+    for name in sorted(n.decode() for n in r.smembers(jobstate.JOBS_KEY)):
+        raw = r.hget(jobstate.Keys(name).job, "spec") if name != spec.name else None
+        if not raw or JobSpec.model_validate_json(raw).input_fingerprint \
+                != spec.input_fingerprint:
+            continue
+        answered = jobstate.counters(r, name)["completed"]
+        if answered:
+            return (f"the rows of {spec.input_path} were already answered in job {name} "
+                    f"({answered:,} completed): run this enqueue again with --reuse-from "
+                    f"{name} to copy those with the same prompt, sampling and profile "
+                    "instead of generating them again")
+    return None
+

@@ -54,14 +54,23 @@ def _prompts_done(r: redis.Redis, spec: JobSpec, keys: jobstate.Keys) -> int:
     return sum(len(spec.batch_range(b)) for b in done if 0 <= b < spec.n_batches)
 
 
+def _read_at(beat: dict[str, Any]) -> float:
+    """When the beat's load was read: the engine sample's time (a beat carries the last one,
+    up to an interval old), else the beat's own."""
+    sent = float(beat.get("updated_at") or 0)
+    read = beat.get("engine_read_at")
+    return min(sent, float(read)) if read is not None else sent
+
+
 def _workers_after(beats: list[dict[str, Any]], end: float | None) -> list[dict[str, Any]]:
-    """Heartbeats for a job that is done: a beat sent before its last row was recorded still
-    shows the batches and requests of the end; its load columns are left unknown (``-``)
-    rather than show batches running and a queue for a finished job."""
+    """Heartbeats for a job that is done: a beat whose load was read before its last row was
+    recorded still shows the batches, requests and tokens/s of the end; its load columns are
+    left unknown (``-``) rather than show batches running and a queue for a finished job."""
     if end is None:
         return beats
-    return [b if float(b.get("updated_at") or 0) > end
-            else {**b, "running": None, "queued": None, "batches_running": None, "stale": True}
+    return [b if _read_at(b) > end
+            else {**b, "running": None, "queued": None, "batches_running": None,
+                  "tokens_per_sec": None, "stale": True}
             for b in beats]
 
 

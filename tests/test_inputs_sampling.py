@@ -275,12 +275,19 @@ def test_a_plain_rerun_resumes_with_the_recorded_options(fleet_env, tmp_path, r)
     first = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--chat",
                          "--drop-unsupported-sampling")
     assert first.returncode == 0, first.stderr
-    assert "echo (1 rows)" in first.stderr
+    assert "echo (1 row)" in first.stderr
     again = run_producer(fleet_env, "enqueue", str(src), "--job", "opts")
     assert again.returncode == 0, again.stderr
     assert "job opts resumed: 2 prompts" in again.stderr
     other = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--sampling", "top_k=2")
-    assert other.returncode == 3 and "exists with sampling" in other.stderr
+    assert other.returncode == 3  # one line naming each flag that differs (issue 45, item 10)
+    assert other.stderr.strip() == (
+        "error: job 'opts' exists with other flags: --chat on (given off); "
+        "--drop-unsupported-sampling on (given off); --sampling top_k=unset (given 2); "
+        "re-run with the job's flags (or none of them) to resume, or use a new job name")
+    other = run_producer(fleet_env, "enqueue", str(src), "--job", "opts", "--batch-size", "7")
+    assert other.returncode == 3 and "--batch-size 500 (given 7)" in other.stderr, other.stderr
+    assert "{" not in other.stderr
 
 
 def test_the_job_cap_bounds_openai_lengths_but_not_a_requeued_rows_own_cap():

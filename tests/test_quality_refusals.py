@@ -19,8 +19,8 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def _nothing_staged(env: dict[str, str], job: str) -> bool:
-    return not (local_root(env) / "jobs" / job).exists() or not any(
-        (local_root(env) / "jobs" / job).rglob("*.*"))
+    """Not an object, nor an empty folder (issue 45, item 3)."""
+    return not (local_root(env) / "jobs" / job).exists()
 
 
 def test_a_prompt_column_typo_is_refused_listing_the_columns(fleet_env, r, tmp_path):

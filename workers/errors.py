@@ -62,6 +62,16 @@ class PromptRejected(EngineError):
     """The engine refused a prompt (too long, bad parameters): never retry it."""
 
 
+# How a stored row's error begins when the row is quarantined rather than failed
+# (workers/dataset/manifest.py, row_bucket): the engine refused the prompt (its 400), the
+# prompt cannot fit the model's context (found at enqueue: producer/context_limit.py), or it
+# crashed the engine again and again (workers/batch/runner.py).
+ENGINE_REJECTED = "engine rejected the prompt:"
+TOO_LONG = "too long for the context:"
+POISON = "poison prompt"
+QUARANTINE_PREFIXES = (ENGINE_REJECTED, TOO_LONG, POISON)
+
+
 class StoreError(FleetError):
     """The result store failed to read or write an object."""
 

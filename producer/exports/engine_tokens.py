@@ -103,15 +103,22 @@ class Checks:
                 "differ_reasons": dict(self.reasons), "differ_rows": list(self.named)}
 
 
-def _load(path: Path) -> Any:
+def auto_tokenizer_class() -> Any:
+    """transformers' ``AutoTokenizer``, imported without its advice that PyTorch was not
+    found (only the tokenizer is used; a TRANSFORMERS_NO_ADVISORY_WARNINGS already set
+    wins); ImportError when transformers is not installed."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
+def _load(path: Path) -> Any:
     try:
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
+        AutoTokenizer = auto_tokenizer_class()  # noqa: N806 (transformers' class)
     except ImportError as exc:
         raise JobError("this export needs transformers: pip install "
                        "'gpu-batch-fleet[export]' (or pip install transformers)") from exc
-    hf_logging.set_verbosity_error()
     if not path.is_dir():
         raise JobError(f"{path}: no tokenizer folder there (pass --tokenizer PATH)")
     try:
@@ -277,6 +284,18 @@ class EngineTokens:
         reasoning = (rec.get("reasoning") or "").strip()
         # A template that does not print a generated turn's reasoning: the answer is the rest.
         return ctx, answer, finished and not has_stop, bool(reasoning) and reasoning not in answer
+
+    def context_lengths(self, sents: list[Sent]) -> list[int]:
+        """Tokens of each request as the engine counts its input (see the module docstring)."""
+        chat = {n: self._render(template_messages(s.messages), s, True)
+                for n, s in enumerate(sents) if s.messages is not None}
+        plain = {n: s.prompt or "" for n, s in enumerate(sents) if s.messages is None}
+        out = [0] * len(sents)
+        for texts, special in ((chat, False), (plain, True)):
+            for n, ids in zip(texts, self._encode_texts(list(texts.values()), special),
+                              strict=True):
+                out[n] = len(ids)
+        return out
 
     def _input_turns(self, ctx: str, sent: Sent) -> list[tuple[int, int]]:
         """Character spans of the context's assistant turns (the input's own): from where the

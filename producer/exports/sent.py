@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workers.batch.prompt_sampling import sampling_for
-from workers.dataset.jobs import JobSpec, PromptRow, load_batch_input
+from workers.batch.prompt_sampling import sampling_of
+from workers.dataset.jobs import JobSpec, PromptRow, SamplingSpec, load_batch_input
 from workers.dataset.store import Store
 from workers.engine.client import chat_body, chat_messages
 
@@ -48,15 +48,20 @@ class SentRequests:
     def get(self, rec: dict[str, Any]) -> Sent:
         """The request of data-set row ``rec`` (its ``batch``, ``index`` and ``sample``)."""
         row = self.row(int(rec["batch"]), int(rec["index"]))
-        sampling = sampling_for(self.spec, row, int(rec.get("sample") or 0))
-        messages = chat_messages(row.prompt, row.messages, sampling)
-        if messages is None:
-            return Sent(row.prompt or "", None, None, {})
-        body = chat_body(messages, sampling)
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        if body.get("reasoning_effort") is not None:
-            kwargs["reasoning_effort"] = body["reasoning_effort"]
-        return Sent(None, [dict(m) for m in messages], _tools(body), kwargs)
+        return request_of(self.spec.sampling, row, int(rec.get("sample") or 0))
+
+
+def request_of(job: SamplingSpec, row: PromptRow, sample: int = 0) -> Sent:
+    """The request the worker sends for sample ``sample`` of ``row`` under the job's options."""
+    sampling = sampling_of(job, row, sample)
+    messages = chat_messages(row.prompt, row.messages, sampling)
+    if messages is None:
+        return Sent(row.prompt or "", None, None, {})
+    body = chat_body(messages, sampling)
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    if body.get("reasoning_effort") is not None:
+        kwargs["reasoning_effort"] = body["reasoning_effort"]
+    return Sent(None, [dict(m) for m in messages], _tools(body), kwargs)
 
 
 def _tools(body: dict[str, Any]) -> list[Any] | None:

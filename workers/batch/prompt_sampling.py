@@ -9,7 +9,7 @@ What SGLang accepts and how OpenAI's names map onto it is :mod:`workers.engine.s
 
 from __future__ import annotations
 
-from workers.dataset.jobs import JobSpec, PromptRow
+from workers.dataset.jobs import JobSpec, PromptRow, SamplingSpec
 from workers.dataset.samples import row_samples, sample_seed
 from workers.engine.client import Sampling
 from workers.engine.sampling import Translated, route_fields, translate
@@ -25,7 +25,12 @@ def sampling_for(spec: JobSpec, row: PromptRow, sample: int = 0) -> Sampling:
     on top (see above). When the row has more than one sample, each gets its own
     ``sampling_seed`` derived from (the job's or row's seed, the prompt, the sample), so the
     samples differ and a rerun draws them again (workers/dataset/samples.py)."""
-    js = spec.sampling
+    return sampling_of(spec.sampling, row, sample)
+
+
+def sampling_of(js: SamplingSpec, row: PromptRow, sample: int = 0) -> Sampling:
+    """:func:`sampling_for` from the job's sampling options alone (``enqueue`` has no job
+    record yet when it counts a row against the context)."""
     chat = row.messages is not None or js.chat
     own = translate(row.params, chat, lenient=True)
     job_t = translate(js.params, chat, lenient=True)

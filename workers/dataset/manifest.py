@@ -30,7 +30,7 @@ import pyarrow as pa
 from config.launch_profile import LaunchProfile
 from workers.dataset.jobs import JobSpec
 from workers.dataset.store import ObjectMissing, Store
-from workers.errors import JobError
+from workers.errors import QUARANTINE_PREFIXES, JobError
 
 MANIFEST_FORMAT = 2
 
@@ -137,11 +137,14 @@ def to_record(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def row_bucket(row: dict[str, Any]) -> str:
-    """Count bucket of a row: ok, truncated, failed or quarantined (disjoint)."""
+    """Count bucket of a row: ok, truncated, failed or quarantined (disjoint). Quarantined:
+    no usable prompt, or an error that says why the prompt itself cannot be answered
+    (``workers.errors.QUARANTINE_PREFIXES``: the engine's 400, too long for the context, a
+    poison prompt)."""
     if row.get("status") == "ok":
         return "truncated" if row.get("finish_reason") == "length" else "ok"
     unusable = row.get("prompt") is None and row.get("messages") is None
-    if unusable or str(row.get("error") or "").startswith("poison prompt"):
+    if unusable or str(row.get("error") or "").startswith(QUARANTINE_PREFIXES):
         return "quarantined"
     return "failed"
 

@@ -19,8 +19,9 @@ Every row the sink writes (and every row ``verify`` reads) goes through one
   ``completion``);
 - ``same_samples``: prompts of several samples at temperature > 0 whose text samples are all
   equal;
-- ``completion_tokens``: percentiles (p1, p5, p50, p95, p99, max) over answered rows, from a
-  bounded histogram (exact below 256 tokens, then 64 log-spaced buckets per doubling).
+- ``completion_tokens``: percentiles (p1, p5, p50, p95, p99) over answered rows, from a
+  bounded histogram (exact below 256 tokens, then 64 log-spaced buckets per doubling), and the
+  exact ``max`` (the report's own, producer/report.py).
 
 Each figure keeps at most ``EXAMPLES`` example row ids. Shares are of their own denominator,
 as fractions in 0..1.
@@ -230,6 +231,8 @@ class QualityTally:
     thinking: int = 0
     figures: dict[str, Figure] = field(default_factory=lambda: {k: Figure() for k in COUNTED})
     _hist: dict[int, int] = field(default_factory=dict)
+    # The most completion tokens of an answered row (exact: the histogram's top bucket is not).
+    max_tokens: int = 0
     # answer hash -> (index, id) of its first row; once seen again, in _dups:
     # [index, id, rows, seen under another prompt]
     _answers: dict[int, tuple[Any, Any]] = field(default_factory=dict)
@@ -251,6 +254,8 @@ class QualityTally:
             tokens = row.get("completion_tokens") or 0
             b = tokens if tokens < EXACT else _bucket(tokens)
             self._hist[b] = self._hist.get(b, 0) + 1
+            if tokens > self.max_tokens:
+                self.max_tokens = tokens
             if verdict.kind == "formed":
                 self.formed += 1
             elif verdict.kind == "text":
@@ -336,7 +341,7 @@ class QualityTally:
         for p in PERCENTILES:
             at = bisect.bisect_left(cum, math.ceil(acc * p / 100))
             out[f"p{p}"] = _bucket_floor(keys[min(at, len(keys) - 1)])
-        out["max"] = _bucket_floor(keys[-1])
+        out["max"] = self.max_tokens
         return out
 
     def histogram(self) -> list[list[int]]:

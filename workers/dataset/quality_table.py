@@ -97,6 +97,7 @@ def _add_answered(tally: QualityTally, t: Any, fast: Any, pc: Any) -> None:
                                                            float(EXACT))),
                                        float(BUCKETS_PER_DOUBLING))), float(EXACT))
     buckets = pc.if_else(big, pc.cast(logb, pa.int64()), tokens).filter(fast)
+    tally.max_tokens = max(tally.max_tokens, pc.max(tokens.filter(fast)).as_py() or 0)
     counts = pc.value_counts(buckets)
     hist = tally._hist
     for b, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(),

@@ -68,15 +68,15 @@ def quality_failed(sink: dict[bytes, bytes]) -> list[str] | None:
 
 
 def shown_state(state: str, failed: list[str] | None, warning: list[str] | None = None) -> str:
-    """The state with the data set's quality: ``done, quality: 2 gates failed``, or while it
-    runs the live warning: ``running, quality warning: near_empty``."""
+    """The state with the data set's quality: ``done, quality: 2 gates failed: near_empty,
+    truncated``, or while it runs the live warning: ``running, quality warning: near_empty``."""
     if failed is None and warning:
         return f"{state}, quality warning: {', '.join(warning)}"
     if not failed:
         return state
     from workers.dataset.quality_gates import summary
 
-    return f"{state}, {summary([{'gate': g} for g in failed])}"
+    return f"{state}, {summary([{'gate': g} for g in failed])}: {', '.join(failed)}"
 
 
 def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from workers.errors import EngineUnavailable, PromptFailed, PromptRejected
+from workers.errors import ENGINE_REJECTED, EngineUnavailable, PromptFailed, PromptRejected
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ class EngineClient:
             raise EngineUnavailable(f"{self.base_url}{path}: {type(exc).__name__}") from exc
         if status == 400 or status == 422:
             text = content[:300].decode(errors="replace")
-            raise PromptRejected(f"engine rejected the prompt: {text}")
+            raise PromptRejected(f"{ENGINE_REJECTED} {text}")
         if status == 500:
             text = content[:200].decode(errors="replace").strip()
             raise PromptFailed(

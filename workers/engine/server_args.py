@@ -60,6 +60,15 @@ def speculative(flags: EngineFlags) -> bool:
     return flags.speculative_algorithm is not None
 
 
+def reserved_tokens(flags: EngineFlags) -> int:
+    """``TokenizerManager.num_reserved_tokens``: EAGLE-family speculative decoding stores the
+    draft tokens in the output slots, so ``max(topk * steps, draft_tokens)`` are reserved."""
+    if flags.speculative_algorithm not in EAGLE_FAMILY:
+        return 0
+    steps, topk, drafts = speculative_params(flags)
+    return max(topk * steps, drafts)
+
+
 def speculative_params(flags: EngineFlags) -> tuple[int, int, int]:
     """(steps, topk, draft tokens), as ``auto_choose_speculative_params`` resolves them.
 

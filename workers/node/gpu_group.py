@@ -17,7 +17,7 @@ GPUs is refused with one line naming its queue, the GPU and the owner.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -144,6 +144,21 @@ def check_cuda_device(cuda_device: str | None, group: GpuGroup, queue: str) -> N
     if len(devices) != group.size:
         raise GroupError(f"queue {queue} is {group.size} GPU(s) but FLEET_CUDA_DEVICE="
                          f"{cuda_device} names {len(devices)} device(s)")
+
+
+def check_present(group: GpuGroup, queue: str, count: int, source: str,
+                  indices: Sequence[int] | None = None) -> None:
+    """GroupError naming the queue and the GPUs it names that this node does not have:
+    ``count`` GPUs, numbered 0..count-1 (``source``: NVML, or FLEET_SIM_GPUS for the
+    simulator). ``indices``: the group's GPUs as the node numbers them (a container's own
+    devices, FLEET_CUDA_DEVICE), default the group's own."""
+    seen = list(indices) if indices is not None else list(group.gpus)
+    absent = [g for g, i in zip(group.gpus, seen, strict=True) if not 0 <= i < count]
+    if absent:
+        have = f"GPUs 0-{count - 1}" if count > 1 else "GPU 0" if count else "no GPU"
+        names = ", ".join(map(str, absent))
+        raise GroupError(f"queue {queue} names GPU {names}, but this node has {have} "
+                         f"({source}): consume the queue of a GPU it has")
 
 
 def node_host(node: str) -> str:

@@ -78,14 +78,22 @@ def _from_loads(loads: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
+# What /v1/loads reads from the scheduler on every request: its running and waiting counts
+# are current, where /metrics' gauges are written at decode-log steps and, once the engine is
+# idle, only every 30 s (SGLang), so they can still show the end of a job long after it.
+LIVE_FROM_LOADS = ("running", "queued")
+
+
 def sample_from(metrics_text: str | None, loads: dict[str, Any] | None) -> EngineSample | None:
-    """Combine /metrics (preferred) and /v1/loads; None when neither was readable."""
+    """Combine /metrics (preferred, but for :data:`LIVE_FROM_LOADS`) and /v1/loads; None when
+    neither was readable."""
     if metrics_text is None and loads is None:
         return None
     values: dict[str, Any] = _from_loads(loads or {})
     if metrics_text is not None:
         found = _from_metrics(parse_metrics(metrics_text))
-        values.update({k: v for k, v in found.items() if v is not None})
+        values.update({k: v for k, v in found.items() if v is not None
+                       and not (k in LIVE_FROM_LOADS and values.get(k) is not None)})
     for name in ("running", "queued"):  # request counts are whole numbers
         if values.get(name) is not None:
             values[name] = int(values[name])
@@ -127,6 +135,7 @@ class WorkerWatch:
         self._thread = threading.Thread(target=self._loop, name="fleet-watch", daemon=True)
         self.engine: EngineSample | None = None
         self._full_at = -KEEP_LAST_S  # monotonic time of the last sample with running and cap
+        self.read_at: float | None = None  # wall time of the last engine sample
         self.output_tokens = 0
         self.tokens_per_sec = 0.0
 
@@ -161,7 +170,7 @@ class WorkerWatch:
 
     def tick(self) -> None:
         """Take one sample of the engine and of the token counter."""
-        sample, now = self._scrape_engine(), time.monotonic()
+        sample, now, self.read_at = self._scrape_engine(), time.monotonic(), time.time()
         if sample is not None and sample.running is not None and sample.cap is not None:
             self.engine, self._full_at = sample, now
         elif self.engine is not None and now - self._full_at <= KEEP_LAST_S:
@@ -172,7 +181,10 @@ class WorkerWatch:
         raw = self.redis.hget(jobstate.node_stats_key(self.node), "output_tokens")
         self.output_tokens = int(raw or 0)
         self._rate.add(time.monotonic(), self.output_tokens)
-        self.tokens_per_sec = self._rate.rate()
+        # An engine that runs and queues nothing now makes no tokens, whatever the window
+        # still holds from the job that just ended.
+        idle = self.engine is not None and self.engine.running == 0 and not self.engine.queued
+        self.tokens_per_sec = 0.0 if idle else self._rate.rate()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -186,8 +198,10 @@ class WorkerWatch:
         self._http.close()
 
     def engine_fields(self) -> dict[str, Any]:
-        """Heartbeat fields from the last engine sample (None where unknown)."""
+        """Heartbeat fields from the last engine sample (None where unknown), with
+        ``engine_read_at``, when it was read: a heartbeat may be sent a whole interval later."""
         sample = self.engine or EngineSample()
         fields = asdict(sample)
         fields.pop("gen_throughput")
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items()}
+        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items()}
+        return {**out, "engine_read_at": None if self.read_at is None else round(self.read_at, 3)}

@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 
 from workers.engine.capacity import (
-    EAGLE_FAMILY,
     CapacityPlan,
     EngineFlags,
     ModelShape,
@@ -29,6 +28,7 @@ from workers.engine.capacity import (
     resolved_mamba_strategy,
     speculative_params,
 )
+from workers.engine.server_args import reserved_tokens
 from workers.engine.versions import DEFAULT_VERSION
 from workers.sim.engine import SimEngine, SimRequest, clamp_max_new_tokens
 from workers.sim.radix import prefix_keys
@@ -145,15 +145,6 @@ def _check_sampling(params: dict[str, Any]) -> int | None:
     if top_k is not None and top_k != -1 and int(top_k) < 1:
         raise ValueError(f"top_k must be -1 (disable), or at least 1, got {top_k}.")
     return max_new
-
-
-def reserved_tokens(flags: EngineFlags) -> int:
-    """``TokenizerManager.num_reserved_tokens``: EAGLE-family speculative decoding stores the
-    draft tokens in the output slots, so ``max(topk * steps, draft_tokens)`` are reserved."""
-    if flags.speculative_algorithm not in EAGLE_FAMILY:
-        return 0
-    steps, topk, drafts = speculative_params(flags)
-    return max(topk * steps, drafts)
 
 
 def _check_context(input_len: int, max_new: int | None, context_len: int, reserved: int) -> None:

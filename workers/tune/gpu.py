@@ -114,6 +114,25 @@ def nvml_indices(gpus: Sequence[int]) -> list[int]:
     return list(gpus)
 
 
+def device_count() -> int:
+    """How many GPUs NVML sees on this node (in a container: those it was given); raises
+    GpuUnavailable when NVML cannot be loaded."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise GpuUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailable(f"NVML unavailable: {exc}") from exc
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailable(f"NVML error: {exc}") from exc
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def read_raw(index: int, nvml: int | None = None) -> RawGpu:
     """Raw NVML readings for GPU ``index`` (at NVML index ``nvml``, default
     :func:`nvml_index`) plus the driver version; raises GpuUnavailable."""

@@ -98,6 +98,23 @@ def _claim(settings: Settings, node: str, group: GpuGroup, queue: str) -> None:
         client.close()
 
 
+def _check_present(settings: Settings, group: GpuGroup, queue: str) -> None:
+    """Refuse a queue naming a GPU this node does not have: the simulator's node has
+    FLEET_SIM_GPUS, a real one what NVML counts (unknown without NVML: the engine's start
+    then says what is wrong)."""
+    if settings.engine == "sim":
+        gpu_group.check_present(group, queue, settings.sim.gpus, "FLEET_SIM_GPUS")
+        return
+    from workers.tune.gpu import GpuUnavailable, device_count, nvml_indices
+
+    try:
+        count = device_count()
+    except GpuUnavailable as exc:
+        log.warning("cannot count this node's GPUs (%s): %s not checked", exc, queue)
+        return
+    gpu_group.check_present(group, queue, count, "NVML", nvml_indices(group.gpus))
+
+
 @signals.worker_init.connect
 def _on_worker_init(sender: object, **_: object) -> None:
     """Work out the GPU group from -Q / FLEET_GPU, check it, claim it, and also consume the
@@ -116,6 +133,7 @@ def _on_worker_init(sender: object, **_: object) -> None:
     try:
         group, queue = gpu_group.group_from_queues(own, settings.gpu)
         gpu_group.check_cuda_device(settings.cuda_device, group, queue)
+        _check_present(settings, group, queue)
         group_profile(load_profile(settings.profile), group.size, f"queue {queue}")
         _claim(settings, node, group, queue)
     except (GroupError, ParallelismMismatch, ProfileError) as exc:
