@@ -134,8 +134,11 @@ def test_requeue_names_only_per_row_figures(gated_env, r):
 def test_a_job_told_to_pause_pauses_within_one_batch_of_its_live_gate_failing(
         gated_env, make_workers, tmp_path, r):
     batch = 20
+    # One batch held at a time, so "within one batch" is what the count shows (a worker that
+    # holds several lets each of those it holds finish, as pause does).
     (worker,) = make_workers([0], FLEET_SIM_ANSWER="near-empty", FLEET_QUALITY_EARLY_ROWS="30",
-                             FLEET_SIM_SPEED="5", FLEET_SIM_MEAN_OUTPUT_TOKENS="200")
+                             FLEET_SIM_SPEED="5", FLEET_SIM_MEAN_OUTPUT_TOKENS="200",
+                             FLEET_BATCHES_PER_GPU="1")
     src = write_prompts(tmp_path / "p.jsonl", 400)
     env = {**gated_env, "FLEET_QUALITY_EARLY_ROWS": "30"}
     assert run_producer(env, "enqueue", str(src), "--job", "stop", "--batch-size", str(batch),
