@@ -1,13 +1,16 @@
-"""``fleet enqueue``: its flags (:class:`EnqueueOptions`) and the run that reads the input,
-checks it (producer/refusals.py), stages and enqueues it (producer/enqueue.py).
+"""``fleet enqueue``: its flags and the run that reads the input, checks it
+(producer/refusals.py), stages and enqueues it (producer/enqueue.py).
 
-The typer command is :func:`enqueue_command`; producer/cli.py registers it wrapped in its
-one-line error handling.
+The flags are declared once, as the parameters of :func:`enqueue_command` (typer reads them
+there); the job record's sampling options take the parameters of the same names
+(:func:`producer.options.job_sampling`), and :func:`flag_names` gives each parameter's flag to
+the messages that name one and to the docs' table (tests/test_docs.py holds the table to it).
+producer/cli.py registers the command wrapped in its one-line error handling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import inspect
 from enum import Enum, StrEnum
 from typing import Any
 
@@ -15,8 +18,7 @@ import typer
 
 # --help groups the flags in panels: each panel's table is laid out on its own, so at 80
 # columns no long flag name (--drop-unsupported-sampling) is cut to fit another's help.
-SAMPLING, CHAT, ROWS, STORE = \
-    "Sampling", "Chat", "Input rows", "Store, reuse and quality"
+SAMPLING, CHAT, ROWS, STORE = "Sampling", "Chat", "Input rows", "Store, reuse and quality"
 INPUT_HELP = ("Prompts: a .jsonl[.gz] (prompt / messages / OpenAI-batch lines) or .parquet "
               "file, a folder of them, s3://bucket/key or s3://bucket/prefix/ of parts, or "
               "another fsspec URL (its filesystem package installed)")
@@ -31,33 +33,6 @@ class QualityReaction(StrEnum):
 
 def _reaction(value: Any) -> str | None:
     return value.value if isinstance(value, Enum) else value
-
-
-@dataclass
-class EnqueueOptions:
-    """Every flag of ``enqueue`` (see ``fleet enqueue --help``)."""
-
-    input: str
-    job: str
-    batch_size: int | None = None
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    sampling: list[str] | None = None
-    chat: bool = False
-    system_prompt: str | None = None
-    chat_template_kwargs: str | None = None
-    drop_unsupported: bool = False
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    id_column: str = "id"
-    reuse_from: str | None = None
-    allow_node_local_store: bool = False
-    samples: int | None = None
-    keep_columns: str | None = None
-    quality: list[str] | None = None
-    allow_quarantine: bool = False
-    on_quality_warning: str | None = None
 
 
 def enqueue_command(
@@ -109,7 +84,7 @@ def enqueue_command(
     allow_node_local_store: bool = typer.Option(
         False, "--allow-node-local-store", rich_help_panel=STORE, help="Accept a store on this "
         "node (lost when the node is returned; same as FLEET_ALLOW_NODE_LOCAL_STORE=1)"),
-    samples: int = typer.Option(None, "--samples", metavar="N",
+    samples: int = typer.Option(None, "--samples", metavar="N", rich_help_panel=SAMPLING,
                                 help="Samples per prompt (a row's own OpenAI n wins; same as "
                                 "--sampling n=N); each is stored once, with its number in "
                                 "the column 'sample'"),
@@ -124,18 +99,12 @@ def enqueue_command(
                                           help="Enqueue even when more rows are quarantined at "
                                           "staging than the failed_or_quarantined gate allows"),
     on_quality_warning: QualityReaction = typer.Option(
-        None, "--on-quality-warning", help="When the live tally first fails a gate: warn "
-        "(default) or pause the job (running batches finish; fleet resume goes on)"),
+        None, "--on-quality-warning", rich_help_panel=STORE,
+        help="When the live tally first fails a gate: warn (default) or pause the job "
+        "(running batches finish; fleet resume goes on)"),
 ) -> None:
     """Stage INPUT in the store and enqueue every batch that is not stored and has no
     message and no live run (re-run it to resume or repair a job)."""
-    names = [f.name for f in fields(EnqueueOptions)]
-    values = locals()
-    run_enqueue(EnqueueOptions(**{n: values[n] for n in names}))
-
-
-def run_enqueue(o: EnqueueOptions) -> None:
-    """Read, check, stage and enqueue the input ``o`` names; print what was done."""
     import redis
     from rich.console import Console
 
@@ -157,50 +126,51 @@ def run_enqueue(o: EnqueueOptions) -> None:
     from workers.errors import JobError
 
     settings = load_settings()
-    quality = job_quality(settings.quality, o.quality)
+    gates = job_quality(settings.quality, quality)
     require_off_node(locate(settings.store_url, settings.s3.endpoint_url),
-                     o.allow_node_local_store or settings.allow_node_local_store)
+                     allow_node_local_store or settings.allow_node_local_store)
     store = open_store(settings.store_url, settings.s3)
     r = redis.Redis.from_url(settings.redis_url.get_secret_value())
     err = Console(stderr=True, highlight=False)
-    check_job_name(o.job)
-    check_not_repointed(r, o.job, store.url)
+    check_job_name(job)
+    check_not_repointed(r, job, store.url)
     # FLEET_PROFILE on enqueue: the job needs it (read now, recorded once the job is staged).
     needs = _needed_profile(settings.profile) if "profile" in settings.model_fields_set else None
-    spec_sampling = resumed_sampling(store, o.job, job_sampling(
-        o.max_new_tokens, o.temperature, o.top_p, o.sampling, o.chat, o.system_prompt,
-        o.chat_template_kwargs, o.drop_unsupported, o.samples))
-    opts = ReadOptions(o.prompt_column, o.messages_column, o.id_column, spec_sampling.chat,
+    spec_sampling = resumed_sampling(store, job, job_sampling(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        sampling=sampling, chat=chat, system_prompt=system_prompt,
+        chat_template_kwargs=chat_template_kwargs, drop_unsupported=drop_unsupported,
+        samples=samples))
+    opts = ReadOptions(prompt_column, messages_column, id_column, spec_sampling.chat,
                        spec_sampling.drop_unsupported, spec_sampling.params,
                        samples=spec_sampling.samples, temperature=spec_sampling.temperature)
-    keep_columns = o.keep_columns
     if keep_columns is None:  # a re-run reads the input as the job was created
         try:
-            keep_columns = load_spec(store, o.job).keep_arg
+            keep_columns = load_spec(store, job).keep_arg
         except JobError:
             keep_columns = None
     if (kept := parse_keep(keep_columns)) is not None:
         opts.keep = KeepColumns(kept, fleet_columns=opts.columns())
-    rows = read_rows(o.input, opts, settings.s3)
+    rows = read_rows(input, opts, settings.s3)
     limit = context_limit(settings.profile, spec_sampling)
     with render.enqueue_progress(err) as on_batch:
-        reuse, reused = reuse_hook(store, r, o.reuse_from, settings.profile)
+        reuse, reused = reuse_hook(store, r, reuse_from, settings.profile)
 
         def hook(spec: Any) -> None:  # before any batch is sent, after nothing was refused
             if needs is not None:
                 from workers.delivery import jobstate
 
-                jobstate.record_profile(r, o.job, needs.name, needs.output_flags())
+                jobstate.record_profile(r, job, needs.name, needs.output_flags())
             if reuse is not None:
                 reuse(spec)
 
-        job = JobInput(o.input, o.job, o.batch_size or None, spec_sampling, rows,
-                       dropped_keys=opts.dropped, keep=opts.keep, quality=quality,
-                       allow_quarantine=o.allow_quarantine,
-                       on_quality_warning=_reaction(o.on_quality_warning),
-                       mark=limit.mark if limit is not None else None)
-        report = enqueue_job(store, r, app, job, on_batch, default_batch_size=settings.batch_size,
-                             before_reconcile=hook,
+        staged = JobInput(input, job, batch_size or None, spec_sampling, rows,
+                          dropped_keys=opts.dropped, keep=opts.keep, quality=gates,
+                          allow_quarantine=allow_quarantine,
+                          on_quality_warning=_reaction(on_quality_warning),
+                          mark=limit.mark if limit is not None else None)
+        report = enqueue_job(store, r, app, staged, on_batch,
+                             default_batch_size=settings.batch_size, before_reconcile=hook,
                              choose_size=batch_size_rule.chooser(r, settings))
     render.enqueue_summary(err, report)
     if note := dropped_note(report.spec.dropped_keys):
@@ -210,6 +180,36 @@ def run_enqueue(o: EnqueueOptions) -> None:
     elif report.created and (twin := answered_twin(r, report.spec)):
         err.print(twin, soft_wrap=True)
     trigger_if_complete(r, app, report.spec, settings)
+
+
+def flags_table() -> list[str]:
+    """The docs' table of the flags (docs/sglang.md): flag, --help panel, help."""
+    import typer.main
+
+    command = typer.main.get_command(_app())
+    rows = ["| flag | panel | what it does |", "| --- | --- | --- |"]
+    for p in command.params:
+        flag = next((o for o in p.opts if o.startswith("--")), p.name.upper())
+        what = (getattr(p, "help", None) or "").replace("|", "\\|")
+        rows.append(f"| `{flag}` | {getattr(p, 'rich_help_panel', None) or 'Options'} | {what} |")
+    return rows
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(enqueue_command)
+    return app
+
+
+def flag_names() -> dict[str, str]:
+    """Each parameter of :func:`enqueue_command` and its flag (``samples`` -> ``--samples``;
+    the input argument as ``INPUT``)."""
+    out = {}
+    for name, p in inspect.signature(enqueue_command).parameters.items():
+        decls = getattr(p.default, "param_decls", None) or ()
+        flags = [d for d in decls if d.startswith("--")]
+        out[name] = flags[0] if flags else name.upper()
+    return out
 
 
 def _needed_profile(name: str) -> Any:

@@ -59,9 +59,10 @@ def greedy_refusal(samples: int, temperature: Any) -> str | None:
     return None
 
 
-def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: float | None,
-                 sampling: list[str] | None, chat: bool, system_prompt: str | None,
-                 chat_template_kwargs: str | None, drop_unsupported: bool = False,
+def job_sampling(*, max_new_tokens: int | None = None, temperature: float | None = None,
+                 top_p: float | None = None, sampling: list[str] | None = None,
+                 chat: bool = False, system_prompt: str | None = None,
+                 chat_template_kwargs: str | None = None, drop_unsupported: bool = False,
                  samples: int | None = None) -> SamplingSpec:
     """The job's SamplingSpec from the command line; InputError names a refused flag value.
 
@@ -88,12 +89,6 @@ def job_sampling(max_new_tokens: int | None, temperature: float | None, top_p: f
 
 
 # The enqueue flag of each SamplingSpec field (``--sampling`` keys are named one by one).
-FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
-         "top_p": "--top-p", "chat": "--chat", "system_prompt": "--system-prompt",
-         "chat_template_kwargs": "--chat-template-kwargs",
-         "drop_unsupported": "--drop-unsupported-sampling", "samples": "--samples"}
-
-
 def _shown(value: Any) -> str:
     if value is None:
         return "unset"
@@ -103,9 +98,14 @@ def _shown(value: Any) -> str:
 
 
 def sampling_conflict(job: str, old: SamplingSpec, given: SamplingSpec) -> str:
-    """One line naming each flag whose value differs from the job's, with both values."""
-    diffs = [f"{flag} {_shown(getattr(old, name))} (given {_shown(getattr(given, name))})"
-             for name, flag in FLAGS.items() if getattr(old, name) != getattr(given, name)]
+    """One line naming each flag whose value differs from the job's, with both values (the
+    job record's sampling fields are named as enqueue's flags: producer/enqueue_cmd.py)."""
+    from producer.enqueue_cmd import flag_names
+
+    flags = flag_names()
+    diffs = [f"{flags[name]} {_shown(getattr(old, name))} (given {_shown(getattr(given, name))})"
+             for name in SamplingSpec.model_fields
+             if name in flags and getattr(old, name) != getattr(given, name)]
     for key in sorted(old.params.keys() | given.params.keys()):
         if old.params.get(key) != given.params.get(key):
             diffs.append(f"--sampling {key}={_shown(old.params.get(key))} "

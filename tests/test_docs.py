@@ -236,3 +236,14 @@ def test_python_floor_matches_the_lock() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'requires-python = ">=3.11"' in text
     assert "--python-version 3.11" in (ROOT / "Makefile").read_text()
+
+
+def test_the_enqueue_flags_table_is_the_command_s_flags():
+    """docs/sglang.md lists every flag of fleet enqueue, as --help shows it (one declaration:
+    the command's parameters)."""
+    from producer.enqueue_cmd import flags_table
+
+    docs = (ROOT / "docs" / "sglang.md").read_text()
+    rows = flags_table()
+    start = docs.index(rows[0])
+    assert docs[start:].splitlines()[:len(rows) + 1] == [*rows, ""]

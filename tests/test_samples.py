@@ -48,13 +48,13 @@ def test_samples_are_checked_where_they_are_given() -> None:
     assert "n" not in translate({"n": 4}, chat=False).sampling  # never sent as such
     with pytest.raises(SamplingError, match="must be at least 1"):
         translate({"n": 0}, chat=False)
-    assert job_sampling(None, 0.7, None, ["n=3"], False, None, None).samples == 3
+    assert job_sampling(temperature=0.7, sampling=["n=3"]).samples == 3
     with pytest.raises(InputError, match="temperature 0"):
-        job_sampling(None, 0.0, None, None, False, None, None, samples=4)
+        job_sampling(temperature=0.0, samples=4)
     with pytest.raises(InputError, match="at least 1"):
-        job_sampling(None, None, None, None, False, None, None, samples=0)
+        job_sampling(samples=0)
     with pytest.raises(InputError, match="contradicts"):
-        job_sampling(None, None, None, ["n=2"], False, None, None, samples=3)
+        job_sampling(sampling=["n=2"], samples=3)
     with pytest.raises(InputError, match="'status' collides"):
         parse_keep("ref,status")
     assert parse_keep("*") == ["*"] and parse_keep(None) is None
