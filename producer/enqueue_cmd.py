@@ -19,6 +19,7 @@ import typer
 # --help groups the flags in panels: each panel's table is laid out on its own, so at 80
 # columns no long flag name (--drop-unsupported-sampling) is cut to fit another's help.
 SAMPLING, CHAT, ROWS, STORE = "Sampling", "Chat", "Input rows", "Store, reuse and quality"
+QUALITY = "Quality warning"
 INPUT_HELP = ("Prompts: a .jsonl[.gz] (prompt / messages / OpenAI-batch lines) or .parquet "
               "file, a folder of them, s3://bucket/key or s3://bucket/prefix/ of parts, or "
               "another fsspec URL (its filesystem package installed)")
@@ -99,7 +100,7 @@ def enqueue_command(
                                           help="Enqueue even when more rows are quarantined at "
                                           "staging than the failed_or_quarantined gate allows"),
     on_quality_warning: QualityReaction = typer.Option(
-        None, "--on-quality-warning", rich_help_panel=STORE,
+        None, "--on-quality-warning", rich_help_panel=QUALITY,
         help="When the live tally first fails a gate: warn (default) or pause the job "
         "(running batches finish; fleet resume goes on)"),
 ) -> None:

@@ -118,7 +118,9 @@ def test_exports_bench_runs_end_to_end_at_a_tiny_size() -> None:
     res = subprocess.run([sys.executable, "-m", "bench.exports", "--rows", "300"],
                          cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert res.returncode in (0, 1), res.stdout + res.stderr
-    assert "bench.exports (issue 34)" in res.stdout and "ok 300 + errors 0 = 300" in res.stdout
+    assert "bench.exports (issue 42)" in res.stdout and "ok 300 + errors 0 = 300" in res.stdout
+    assert "0 of 300 differ from the engine's ids" in res.stdout
+    assert "SpecForge build_eagle3_dataset" in res.stdout and "300 rows" in res.stdout
 
 
 def test_tail_model_schedules_every_prompt_once_and_stealing_never_loses() -> None:

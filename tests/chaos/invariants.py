@@ -21,7 +21,7 @@ import redis
 from tests.chaos.cluster import Cluster
 from tests.conftest import run_producer
 from workers.dataset.jobs import batch_of_result_key, decode_rows, results_prefix
-from workers.dataset.manifest import manifest_key
+from workers.dataset.manifest import manifest_key, row_bucket
 from workers.dataset.store import ObjectMissing, Store
 
 COMPARED = ("index", "sample", "batch", "status", "finish_reason", "completion", "node")
@@ -67,8 +67,11 @@ def check_counters(c: Cluster, job: str, rows: dict[int, list[dict[str, Any]]],
     if not isinstance(st, dict):
         return [f"{job}: status failed to run (rc={code}): {st}"]
     flat = [x for batch in rows.values() for x in batch]
+    # A row that did not finish counts as the manifest buckets it: an engine's refusal of the
+    # prompt (HTTP 400) is quarantined, another failure failed (manifest.row_bucket).
+    buckets = [row_bucket(x) for x in flat if x.get("status") != "ok"]
     stored = {"completed": sum(x.get("status") == "ok" for x in flat),
-              "failed": sum(x.get("status") == "failed" for x in flat),
+              "failed": buckets.count("failed"), "quarantined": buckets.count("quarantined"),
               "done_batches": len(rows)}
     out = [f"{job}: status {k}={st.get(k)} but the store holds {v}"
            for k, v in stored.items() if st.get(k) != v]
