@@ -29,7 +29,7 @@ def node_name(pattern: str) -> str:
 def check_heartbeat(node: str) -> str | None:
     """None if ``node``'s heartbeat says its engine is healthy, else why not."""
     from config.settings import load_settings
-    from workers.node.heartbeat import heartbeat_key
+    from workers.redisdb.keys import heartbeat_key
 
     url = load_settings().redis_url.get_secret_value()
     client = redis.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S)

@@ -17,18 +17,18 @@ from celery import Celery
 from producer.enqueue import EnqueueReport, reconcile
 from workers.dataset.jobs import JobSpec
 from workers.dataset.store import Store
-from workers.delivery import jobstate
 from workers.delivery.whereabouts import remove_queued
 from workers.errors import JobError
+from workers.redisdb.keys import JOBS_KEY, JobKeys
 
 STATES = ("running", "paused", "cancelled")
 
 
 def set_state(r: redis.Redis, job: str, state: str) -> None:
     """Record the job's state (checked by every batch at start and while it runs)."""
-    if not r.sismember(jobstate.JOBS_KEY, job):
+    if not r.sismember(JOBS_KEY, job):
         raise JobError(f"no job {job!r} in Redis (run enqueue first)")
-    r.hset(jobstate.Keys(job).job, "state", state)
+    r.hset(JobKeys(job).job, "state", state)
 
 
 def stop_job(r: redis.Redis, job: str, state: str) -> int:

@@ -40,6 +40,7 @@ from workers.delivery import jobstate
 from workers.delivery.progress import spill_rows
 from workers.delivery.sink_requests import reset_auto_trigger
 from workers.node.queues import BATCH_TASK, SHARED_QUEUE
+from workers.redisdb.keys import JobKeys
 
 LOCK_WAIT_S = 300.0
 
@@ -86,7 +87,7 @@ def mark_reopened(store: Store, job: str) -> None:
 
 def _reopen(store: Store, r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
             redo: list[dict[str, Any]]) -> None:
-    keys = jobstate.Keys(job)
+    keys = JobKeys(job)
     chunk = spill_rows(store, job, batch, f"requeue-{uuid.uuid4().hex[:12]}", keep) if keep \
         else ""
     pipe = r.pipeline()
@@ -97,7 +98,7 @@ def _reopen(store: Store, r: redis.Redis, job: str, batch: int, keep: list[dict[
                   mapping={row_key(x): chunk for x in keep})
     # The batch now adds only the rows it keeps; the redone ones count again when recorded.
     jobstate.set_batch_counts(pipe, job, batch, jobstate.batch_counts(keep))
-    pipe.hdel(f"{keys.job}:crashes", *{str(x["index"]) for x in redo})
+    pipe.hdel(keys.crashes, *{str(x["index"]) for x in redo})
     pipe.srem(keys.done, batch)
     pipe.execute()
 

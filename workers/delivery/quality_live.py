@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from workers.dataset.jobs import JobSpec
 from workers.dataset.quality import EXAMPLES, QualityTally, job_options
 from workers.dataset.quality_gates import evaluate, gate_line, thresholds
-from workers.delivery.jobstate import Keys
+from workers.redisdb.keys import JobKeys
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ class LiveFold:
 
 async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows: int) -> None:
     """Add ``tally`` to the job's live hash; log each gate the first time it fails."""
-    key = Keys(spec.name).quality
+    keys = JobKeys(spec.name)
+    key = keys.quality
     async with r.pipeline(transaction=False) as pipe:
         pipe.hincrby(key, "rows", tally.rows)
         pipe.hincrby(key, "answered", tally.answered)
@@ -62,8 +63,8 @@ async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows
             fig = tally.figures[name]
             if fig.count:
                 pipe.hincrby(key, name, fig.count)
-                pipe.rpush(f"{key}:ex:{name}", *fig.examples)
-                pipe.ltrim(f"{key}:ex:{name}", 0, EXAMPLES - 1)
+                pipe.rpush(keys.quality_examples(name), *fig.examples)
+                pipe.ltrim(keys.quality_examples(name), 0, EXAMPLES - 1)
         await pipe.execute()
     live = _live(await r.hgetall(key), {}, spec, early_rows)
     for gate in live["failed"]:
@@ -93,11 +94,11 @@ def _live(raw: dict[bytes, bytes], examples: dict[str, list[str]], spec: JobSpec
 def read_live(r: redis.Redis, spec: JobSpec, early_rows: int) -> dict[str, Any]:
     """The job's live tally: its figures, and the gates it breaks once it holds
     ``early_rows`` rows (``warning``: them in words, None while none fails)."""
-    key = Keys(spec.name).quality
+    keys = JobKeys(spec.name)
     pipe = r.pipeline(transaction=False)
-    pipe.hgetall(key)
+    pipe.hgetall(keys.quality)
     for name in PER_ROW:
-        pipe.lrange(f"{key}:ex:{name}", 0, EXAMPLES - 1)
+        pipe.lrange(keys.quality_examples(name), 0, EXAMPLES - 1)
     raw, *ex = pipe.execute()
     examples = {name: [x.decode() for x in got] for name, got in zip(PER_ROW, ex, strict=True)}
     return _live(raw, examples, spec, early_rows)

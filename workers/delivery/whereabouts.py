@@ -28,6 +28,7 @@ from workers.dataset.store import Store
 from workers.dataset.verify import stored_batches
 from workers.delivery import jobstate, ownership
 from workers.node.queues import BATCH_TASK, SHARED_QUEUE
+from workers.redisdb.keys import JobKeys
 
 
 def message_batch(payload: bytes | dict) -> tuple[str, int] | None:
@@ -120,7 +121,7 @@ def count_stored(store: Store, r: redis.Redis, job: str, batch: int) -> None:
     when the rows were counted live and the finish step has not run yet)."""
     rows = decode_rows(store.get(result_key(job, batch)))
     jobstate.set_batch_counts(r, job, batch, jobstate.batch_counts(rows))
-    r.sadd(jobstate.Keys(job).done, batch)
+    r.sadd(JobKeys(job).done, batch)
 
 
 @dataclass
@@ -135,7 +136,7 @@ class ReconcileReport:
 def resend(r: redis.Redis, app: Celery, spec: JobSpec, batches: list[int]) -> int:
     """Send ``batches`` (found lost: not stored, no message, no live owner), dropping a done
     mark the store contradicts first; return how many were sent."""
-    done = {int(b) for b in r.smembers(jobstate.Keys(spec.name).done)}
+    done = {int(b) for b in r.smembers(JobKeys(spec.name).done)}
     with app.producer_or_acquire() as producer:
         for b in batches:
             if b in done:  # the store lost the result: the done mark lies
@@ -149,7 +150,7 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
               unacked_key: str = "unacked") -> ReconcileReport:
     """Send every batch that is not stored and has no message and no live holder."""
     where = locate(store, r, spec.name, unacked_key)
-    done = {int(b) for b in r.smembers(jobstate.Keys(spec.name).done)}
+    done = {int(b) for b in r.smembers(JobKeys(spec.name).done)}
     report = ReconcileReport()
     for b in sorted(where.stored):
         if b < spec.n_batches and b not in done:

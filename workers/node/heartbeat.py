@@ -7,12 +7,7 @@ from typing import Any
 import orjson
 import redis
 
-PREFIX = "fleet:worker:"
-
-
-def heartbeat_key(node: str) -> str:
-    """Redis key of one worker's heartbeat."""
-    return f"{PREFIX}{node}"
+from workers.redisdb.keys import HEARTBEAT_PREFIX, heartbeat_key
 
 
 def publish(r: redis.Redis, node: str, payload: dict[str, Any], ttl_s: float) -> None:
@@ -22,6 +17,6 @@ def publish(r: redis.Redis, node: str, payload: dict[str, Any], ttl_s: float) ->
 
 def read_heartbeats(r: redis.Redis) -> list[dict[str, Any]]:
     """Every live worker's heartbeat, sorted by node name."""
-    keys = sorted(r.scan_iter(match=f"{PREFIX}*", count=500))
+    keys = sorted(r.scan_iter(match=f"{HEARTBEAT_PREFIX}*", count=500))
     values = r.mget(keys) if keys else []
     return [orjson.loads(v) for v in values if v]
