@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import redis
+import redis.asyncio as aioredis
 
 from workers.redisdb import scripts
 from workers.redisdb.keys import JOBS_KEY, JobKeys
@@ -32,13 +33,13 @@ SPLIT_FIELDS = ("parts_granted", "rows_split")
 STALL_NOTE_S = 90.0
 
 
-def note_stalled(r: redis.Redis, job: str, node: str, why: str) -> None:
+async def note_stalled(r: aioredis.Redis, job: str, node: str, why: str) -> None:
     """Record that ``node`` cannot work on ``job`` (``why``: one line for ``status``)."""
     key = JobKeys(job).stalled
-    pipe = r.pipeline()
-    pipe.hset(key, node, orjson.dumps({"why": why, "at": round(time.time(), 3)}))
-    pipe.expire(key, int(STALL_NOTE_S))
-    pipe.execute()
+    async with r.pipeline() as pipe:
+        pipe.hset(key, node, orjson.dumps({"why": why, "at": round(time.time(), 3)}))
+        pipe.expire(key, int(STALL_NOTE_S))
+        await pipe.execute()
 
 
 def record_profile(r: redis.Redis, job: str, profile: str,
@@ -48,9 +49,9 @@ def record_profile(r: redis.Redis, job: str, profile: str,
     r.hset(JobKeys(job).job, mapping={"profile": profile, "needs": orjson.dumps(needs)})
 
 
-def clear_stalled(r: redis.Redis, job: str, node: str) -> None:
+async def clear_stalled(r: aioredis.Redis, job: str, node: str) -> None:
     """``node`` can read the job again."""
-    r.hdel(JobKeys(job).stalled, node)
+    await r.hdel(JobKeys(job).stalled, node)
 
 
 def stalled_notes(r: redis.Redis, job: str) -> list[str]:

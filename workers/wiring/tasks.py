@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import redis
@@ -69,26 +69,24 @@ async def _job_store(r: aioredis.Redis, settings: Settings, job: str) -> Store:
                                explicit=False))
 
 
-async def _load_spec_or_stall(store: Store, job: str, batch: int) -> Any:
-    """The job's spec; where this worker cannot read it, say so in ``status`` (``stalled:``)
-    and hand the batch back rather than fail it for good: a worker that can read the store
-    takes it, or this one once the store is readable."""
+async def _stall(r: aioredis.Redis, job: str, batch: int, why: str, cause: str = "") -> NoReturn:
+    """Say in ``status`` (``stalled:``) why this worker cannot run the job, then hand the batch
+    back rather than fail it for good: a worker that can run it takes it, or this one later."""
     node = identity().node
-    sync = redis.Redis.from_url(_settings().redis_url.get_secret_value(),
-                                **_settings().redis_client_options())
+    await jobstate.note_stalled(r, job, node, why)
+    log.warning("batch %s/%s: %s%s; handing it back", job, batch, why, cause and f" ({cause})")
+    await asyncio.sleep(UNREADABLE_PAUSE_S)
+    raise HandBack(f"{node} {why}")
+
+
+async def _load_spec_or_stall(r: aioredis.Redis, store: Store, job: str, batch: int) -> Any:
+    """The job's spec, or :func:`_stall` where this worker cannot read it."""
     try:
-        try:
-            spec = await asyncio.to_thread(load_spec, store, job)
-        except JobError as exc:
-            why = f"cannot read job {job} in {store.url}"
-            await asyncio.to_thread(jobstate.note_stalled, sync, job, node, why)
-            log.warning("batch %s/%s: %s (%s); handing it back", job, batch, why, exc)
-            await asyncio.sleep(UNREADABLE_PAUSE_S)
-            raise HandBack(f"{node} {why}") from exc
-        await asyncio.to_thread(jobstate.clear_stalled, sync, job, node)
-        return spec
-    finally:
-        sync.close()
+        spec = await asyncio.to_thread(load_spec, store, job)
+    except JobError as exc:
+        await _stall(r, job, batch, f"cannot read job {job} in {store.url}", str(exc))
+    await jobstate.clear_stalled(r, job, identity().node)
+    return spec
 
 
 def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None, str | None]:
@@ -126,15 +124,7 @@ async def _check_profile(r: aioredis.Redis, job: str, batch: int) -> None:
         return
     why = (f"runs profile {beat.get('profile')}, job {job} needs {', '.join(missing)} "
            f"(profile {need_profile.decode() if need_profile else '?'})")
-    sync = redis.Redis.from_url(_settings().redis_url.get_secret_value(),
-                                **_settings().redis_client_options())
-    try:
-        await asyncio.to_thread(jobstate.note_stalled, sync, job, node, why)
-    finally:
-        sync.close()
-    log.warning("batch %s/%s: %s; handing it back", job, batch, why)
-    await asyncio.sleep(UNREADABLE_PAUSE_S)
-    raise HandBack(f"{node} {why}")
+    await _stall(r, job, batch, why)
 
 
 def _skipped(job: str, batch: int, why: str) -> dict[str, Any]:
@@ -152,7 +142,7 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             # Paused or cancelled after this message was queued: drop it; resume re-sends it.
             return _skipped(job, batch, f"job {state}")
         store = await _job_store(r, settings, job)
-        spec = await _load_spec_or_stall(store, job, batch)
+        spec = await _load_spec_or_stall(r, store, job, batch)
         await _check_profile(r, job, batch)
 
         async def stored() -> bool:
@@ -207,7 +197,7 @@ async def _take(task: Task, job: str, batch: int) -> dict[str, Any]:
         if (await r.hget(JobKeys(job).job, "state") or b"running") != b"running":
             return _skipped(job, batch, "job not running")
         store = await _job_store(r, settings, job)
-        spec = await _load_spec_or_stall(store, job, batch)
+        spec = await _load_spec_or_stall(r, store, job, batch)
         await _check_profile(r, job, batch)
         got = await asker.ask(r, job, batch, me.node, settings.visibility_timeout_s)
         if isinstance(got, str):
