@@ -36,7 +36,6 @@ from workers.dataset.manifest import (
 from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.sink_lock import LockLost, SinkLock
 from workers.dataset.store import LocalStore, Store
-from workers.delivery.sink_requests import state_key
 from workers.errors import FleetError
 from workers.redisdb.keys import JobKeys
 
@@ -172,7 +171,7 @@ def test_completeness_is_decided_from_the_rows_written(store):
 def test_requeue_failed_waits_for_the_sink_and_unmarks_the_data_set(store, r, redis_server):
     spec = make_job(store, "rq", prompt_rows(40), batch_size=10)
     app = Celery("t", broker=redis_server.url)
-    r.set(f"{state_key('rq')}:auto", 1)
+    r.set(JobKeys("rq").sink_auto, 1)
     in_sink, go_on, done = threading.Event(), threading.Event(), threading.Event()
     results: dict[str, Any] = {}
 
@@ -204,7 +203,7 @@ def test_requeue_failed_waits_for_the_sink_and_unmarks_the_data_set(store, r, re
     manifest = load_manifest(store, "rq")
     assert manifest["complete"] is False and manifest["reopened"] is True
     assert not store.exists(success_key("rq"))
-    assert r.get(f"{state_key('rq')}:auto") is None  # the last requeued batch triggers again
+    assert r.get(JobKeys("rq").sink_auto) is None  # the last requeued batch triggers again
     with pytest.raises(Exception, match="not complete"):
         committed_prefix(store, "rq")
 

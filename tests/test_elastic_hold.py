@@ -105,9 +105,10 @@ class _Qos:
 
 
 def test_a_worker_running_its_last_rows_with_room_asks_for_another_gpus_rows(r):
-    # The job-end split's ask (workers/wiring/hold_step.py) runs whenever the hold has room
-    # for more than the worker holds: not only once it holds nothing, but also while its own
-    # batch is fully sent and its last rows leave free slots (docs/delivery.md).
+    # The job-end split's ask (workers/split/asker.py, run by workers/wiring/hold_step.py)
+    # runs whenever the hold has room for more than the worker holds: not only once it holds
+    # nothing, but also while its own batch is fully sent and its last rows leave free slots
+    # (docs/delivery.md).
     from workers.delivery.hold import ElasticHold
 
     asks: list[int] = []

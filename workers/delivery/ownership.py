@@ -168,13 +168,7 @@ class Ownership:
         async with self._confirming:  # the many senders waiting share one renewal
             if time.monotonic() - self._renewed_at < self.ttl_ms / 1000 - margin_s:
                 return
-            try:
-                ok = await self.renew()
-            except (redis.RedisError, OSError) as exc:
-                raise ClaimLapsed(f"claim on {self.key} not renewed for "
-                                  f"{time.monotonic() - self._renewed_at:.0f} s: {exc}") from exc
-            if not ok:
-                raise LostOwnership(f"{self.key} is owned by another run now")
+            await self._renew_or_raise(lapsed_after_s=-1.0)  # a failure now is a lapse
 
     def start_keeping(self, renew_s: float) -> None:
         """Renew the claim every ``renew_s`` in the background until :meth:`stop_keeping`."""
@@ -210,19 +204,24 @@ class Ownership:
     async def _keep(self, renew_s: float) -> None:
         """Raise LostOwnership when another run owns the batch, or when the claim could not be
         renewed for so long that it may have lapsed (Redis unreachable or a frozen process)."""
-        ttl_s = self.ttl_ms / 1000
         while True:
             await asyncio.sleep(renew_s)
-            try:
-                ok = await self.renew()
-            except (redis.RedisError, OSError) as exc:
-                if time.monotonic() - self._renewed_at > ttl_s - renew_s:
-                    raise ClaimLapsed(f"claim on {self.key} not renewed for "
-                                        f"{time.monotonic() - self._renewed_at:.0f} s: {exc}"
-                                        ) from exc
-                continue
-            if not ok:
-                raise LostOwnership(f"{self.key} is owned by another run now")
+            await self._renew_or_raise(lapsed_after_s=self.ttl_ms / 1000 - renew_s)
+
+    async def _renew_or_raise(self, lapsed_after_s: float) -> None:
+        """Renew the claim: LostOwnership when another run owns the batch; ClaimLapsed when
+        Redis fails and the last renewal is more than ``lapsed_after_s`` old (a failure before
+        that is left to the next try)."""
+        try:
+            ok = await self.renew()
+        except (redis.RedisError, OSError) as exc:
+            silent = time.monotonic() - self._renewed_at
+            if silent > lapsed_after_s:
+                raise ClaimLapsed(f"claim on {self.key} not renewed for {silent:.0f} s: {exc}"
+                                  ) from exc
+            return
+        if not ok:
+            raise LostOwnership(f"{self.key} is owned by another run now")
 
     async def still_owned(self) -> bool:
         """Whether this run still owns the batch (checked right before the result is written)."""

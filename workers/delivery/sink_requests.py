@@ -27,17 +27,12 @@ log = logging.getLogger(__name__)
 # batches report done (redeliveries, the stored-results shortcut, requeue-failed).
 AUTO_DEDUP_S = 300
 
-def state_key(job: str) -> str:
-    """Redis hash with the state of the job's latest sink run (for ``sink --wait``)."""
-    return JobKeys(job).sink
-
-
 def set_state(r: redis.Redis, job: str, state: str, request: str | None,
               **extra: Any) -> None:
     """Record the sink state of a job: queued, running, retrying, done or failed."""
     fields = {"state": state, "request": request or "", "at": time.time(),
               **{k: orjson.dumps(v) for k, v in extra.items()}}
-    r.hset(state_key(job), mapping=fields)
+    r.hset(JobKeys(job).sink, mapping=fields)
 
 
 def reset_auto_trigger(r: redis.Redis, job: str) -> None:
@@ -78,7 +73,7 @@ def wait_sink(r: redis.Redis, job: str, request: str, timeout_s: float,
     """Wait until the sink run ``request`` is done; return its summary (FleetError if not)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        raw = {k.decode(): v for k, v in r.hgetall(state_key(job)).items()}
+        raw = {k.decode(): v for k, v in r.hgetall(JobKeys(job).sink).items()}
         if raw.get("request", b"").decode() == request:
             state = raw["state"].decode()
             if state == "done":

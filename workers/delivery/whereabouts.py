@@ -16,7 +16,7 @@ revoked task would make such a mark lie. A batch is
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -52,15 +52,18 @@ def queue_lists(r: redis.Redis) -> list[bytes]:
     return sorted(names)
 
 
-def queued_batches(r: redis.Redis, job: str) -> set[int]:
-    """Batches of ``job`` with a message waiting in a queue list."""
-    out: set[int] = set()
+def _queued(r: redis.Redis, job: str) -> Iterator[tuple[bytes, bytes, int]]:
+    """(queue list, message, batch) of each message of ``job`` waiting in a queue list."""
     for name in queue_lists(r):
         for raw in r.lrange(name, 0, -1):
             found = message_batch(raw)
             if found and found[0] == job:
-                out.add(found[1])
-    return out
+                yield name, raw, found[1]
+
+
+def queued_batches(r: redis.Redis, job: str) -> set[int]:
+    """Batches of ``job`` with a message waiting in a queue list."""
+    return {batch for _, _, batch in _queued(r, job)}
 
 
 def unacked_batches(r: redis.Redis, job: str, unacked_key: str = "unacked") -> set[int]:
@@ -79,13 +82,7 @@ def unacked_batches(r: redis.Redis, job: str, unacked_key: str = "unacked") -> s
 
 def remove_queued(r: redis.Redis, job: str) -> int:
     """Remove every queued (not yet delivered) batch message of ``job``; return how many."""
-    removed = 0
-    for name in queue_lists(r):
-        for raw in r.lrange(name, 0, -1):
-            found = message_batch(raw)
-            if found and found[0] == job:
-                removed += int(r.lrem(name, 1, raw))
-    return removed
+    return sum(int(r.lrem(name, 1, raw)) for name, raw, _ in _queued(r, job))
 
 
 @dataclass

@@ -42,13 +42,10 @@ def source(name: str) -> str:
 
 
 def _run(r: Client, name: str, keys: Sequence[str], args: Iterable[Any]) -> Reply:
-    scripts = _registered.get(r)
-    if scripts is None:
-        scripts = _registered[r] = {}
-    script = scripts.get(name)
-    if script is None:
-        script = scripts[name] = r.register_script(source(name))
-    return script(keys=list(keys), args=list(args))
+    scripts = _registered.setdefault(r, {})
+    if name not in scripts:
+        scripts[name] = r.register_script(source(name))
+    return scripts[name](keys=list(keys), args=list(args))
 
 
 # --- token-checked keys ----------------------------------------------------------------------

@@ -61,12 +61,17 @@ def _store(url: str) -> Store:
     return RetryingStore(open_store(url, settings.s3), store_policy(settings))
 
 
-async def _job_store(r: aioredis.Redis, settings: Settings, job: str) -> Store:
-    """The store the job was enqueued into (workers/dataset/location.py), not this worker's
-    own FLEET_STORE_URL (a worker started in another folder has another default store)."""
+async def _open_job(r: aioredis.Redis, settings: Settings, job: str, batch: int
+                    ) -> tuple[Store, Any]:
+    """The store the job was enqueued into (workers/dataset/location.py, not this worker's
+    own FLEET_STORE_URL: a worker started in another folder has another default store) and
+    the job's spec, once this worker can run it (else :func:`_stall`)."""
     raw = await r.hget(JobKeys(job).job, "store_url")
-    return _store(choose_store(job, raw.decode() if raw else None, settings.store_url,
-                               explicit=False))
+    store = _store(choose_store(job, raw.decode() if raw else None, settings.store_url,
+                                explicit=False))
+    spec = await _load_spec_or_stall(r, store, job, batch)
+    await _check_profile(r, job, batch)
+    return store, spec
 
 
 async def _stall(r: aioredis.Redis, job: str, batch: int, why: str, cause: str = "") -> NoReturn:
@@ -141,9 +146,7 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
         if state != "running":
             # Paused or cancelled after this message was queued: drop it; resume re-sends it.
             return _skipped(job, batch, f"job {state}")
-        store = await _job_store(r, settings, job)
-        spec = await _load_spec_or_stall(r, store, job, batch)
-        await _check_profile(r, job, batch)
+        store, spec = await _open_job(r, settings, job, batch)
 
         async def stored() -> bool:
             return await asyncio.to_thread(store.exists, result_key(job, batch))
@@ -196,9 +199,7 @@ async def _take(task: Task, job: str, batch: int) -> dict[str, Any]:
     try:
         if (await r.hget(JobKeys(job).job, "state") or b"running") != b"running":
             return _skipped(job, batch, "job not running")
-        store = await _job_store(r, settings, job)
-        spec = await _load_spec_or_stall(r, store, job, batch)
-        await _check_profile(r, job, batch)
+        store, spec = await _open_job(r, settings, job, batch)
         got = await asker.ask(r, job, batch, me.node, settings.visibility_timeout_s)
         if isinstance(got, str):
             return _skipped(job, batch, got)
