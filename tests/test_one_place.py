@@ -69,6 +69,20 @@ def test_every_script_is_one_file_used_by_one_named_call_and_none_is_written_twi
         assert "redis.call" in scripts.source(name)
 
 
+def test_a_script_is_loaded_once_and_then_run_by_its_digest_from_any_client(r: redis.Redis):
+    r.script_flush()
+    r.config_resetstat()
+    other = redis.Redis(port=r.connection_pool.connection_kwargs["port"])
+    for client in (r, other, r):
+        assert scripts.release_if_owner(client, "k", "t") == 0
+    pipe = other.pipeline()
+    scripts.release_if_owner(pipe, "k", "t")
+    assert pipe.execute() == [0]
+    calls = {k: v["calls"] for k, v in r.info("commandstats").items()}
+    assert calls.get("cmdstat_script|load") == 1 and "cmdstat_eval" not in calls
+    other.close()
+
+
 def test_the_scripts_ship_in_the_wheel():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = data["tool"]["setuptools"]["package-data"]["workers.redisdb"]

@@ -1,10 +1,12 @@
 """The fleet's Lua scripts (``lua/*.lua``, one file per script) as named calls.
 
-Each script is read from the package once and registered once per Redis client
-(``register_script``: EVALSHA, loading the script when the server does not know it). Every
-call takes a sync or asyncio client, or a pipeline of either, and returns the script's reply
-(on an asyncio client: an awaitable of it). The calls build their KEYS from
-:mod:`workers.redisdb.keys`, so no caller knows a script's argument order.
+Each script is read from the package once into one redis-py ``Script`` and one
+``AsyncScript`` that hold no client (a batch task's client lives for one task): each call
+names its client and sends EVALSHA, and the server loads a script once (SCRIPT LOAD on
+NOSCRIPT, or in the pipeline that first runs it). Every call takes a sync or asyncio client,
+or a pipeline of either, and returns the script's reply (on an asyncio client: an awaitable
+of it). The calls build their KEYS from :mod:`workers.redisdb.keys`, so no caller knows a
+script's argument order.
 
 A token-checked key (a lock, a batch's claim, a part's claim, a split request) has one
 implementation: :func:`take_or_keep`, :func:`extend_if_owner` and :func:`release_if_owner`.
@@ -15,10 +17,12 @@ from __future__ import annotations
 import functools
 import re
 import time
-import weakref
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript, Script
 
 from workers.redisdb.keys import JobKeys, bucket, gpu_owner_key, node_stats_key
 
@@ -28,7 +32,6 @@ Client = Any
 Reply = Any
 
 _USES = re.compile(r"^-- uses: (\w+)", re.MULTILINE)
-_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 @functools.cache
@@ -41,11 +44,15 @@ def source(name: str) -> str:
     return "\n".join([*helpers, text])
 
 
+@functools.cache
+def _script(name: str, on_asyncio: bool) -> Script | AsyncScript:
+    # Given bytes, redis-py needs no client to hash the script.
+    return (AsyncScript if on_asyncio else Script)(None, source(name).encode())
+
+
 def _run(r: Client, name: str, keys: Sequence[str], args: Iterable[Any]) -> Reply:
-    scripts = _registered.setdefault(r, {})
-    if name not in scripts:
-        scripts[name] = r.register_script(source(name))
-    return scripts[name](keys=list(keys), args=list(args))
+    script = _script(name, isinstance(r, aioredis.Redis))
+    return script(keys=list(keys), args=list(args), client=r)
 
 
 # --- token-checked keys ----------------------------------------------------------------------
