@@ -112,3 +112,12 @@ def test_node_keys_live_in_the_redis_layout_and_dead_helpers_are_gone():
     assert handback_key("gpu0@h") == "fleet:node:gpu0@h:handback"
     assert not hasattr(runner, "handback_key") and not hasattr(runner, "units_of")
     assert not hasattr(context, "gpu_from_queues")
+
+
+def test_the_delivery_and_split_packages_name_each_of_their_modules():
+    for package in ("delivery", "split"):
+        folder = ROOT / "workers" / package
+        doc = (folder / "__init__.py").read_text()
+        missing = [p.stem for p in folder.glob("*.py")
+                   if p.stem != "__init__" and f"``{p.stem}``" not in doc]
+        assert not missing, f"workers/{package}/__init__.py does not name {missing}"
