@@ -27,7 +27,7 @@ from workers.engine.capacity import EngineFlags, model_shape, plan_capacity
 from workers.engine.lifecycle import EngineSpec, ParallelismMismatch, group_profile
 from workers.node import gpu_group
 from workers.node.gpu_group import GpuGroup, GroupError, group_from_queues, parse_group
-from workers.redisdb.keys import gpu_owner_key, node_stats_key
+from workers.redisdb.keys import NodeKeys, gpu_owner_key
 from workers.tune import gpu as nvml
 
 HOST = "grp"  # the host part of every node name here: one node, so the claims collide
@@ -266,7 +266,7 @@ def test_a_group_worker_beside_a_single_gpu_worker_finish_one_job_exactly_once(
     assert st["completed"] == 120
     report = _verify(fleet_env, "mix")
     assert report["ok"] and report["duplicates"] == 0 and report["rows"] == 120, report
-    rows = {n: int(r.hget(node_stats_key(n), "rows") or 0)
+    rows = {n: int(r.hget(NodeKeys(n).stats, "rows") or 0)
             for n in (group.node, single.node)}
     assert all(rows.values()) and sum(rows.values()) == 120, rows
     table = run_producer(fleet_env, "status", "--job", "mix")

@@ -37,7 +37,7 @@ from workers.node.context import WorkerIdentity
 from workers.observe.events import BATCH_TASK, TaskProgress, format_task, worker_info
 from workers.observe.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
 from workers.observe.metrics import Exporter, FleetCollector, record_batch
-from workers.redisdb.keys import JobKeys, node_prompts_key, node_stats_key
+from workers.redisdb.keys import JobKeys, NodeKeys
 from workers.sim.report import SimMetrics
 from workers.wiring.celery_app import make_app
 
@@ -114,8 +114,8 @@ def _families(text: str) -> dict[str, Any]:
 
 def test_exporter_serves_counters_from_redis_and_engine_gauges(r: redis.Redis,
                                                                redis_server: RedisServer):
-    r.hset(node_stats_key(NODE), mapping={"output_tokens": 4321, "rows": 7})
-    r.hset(node_prompts_key(NODE), mapping={"ok": 5, "failed": 1, "quarantined": 1})
+    r.hset(NodeKeys(NODE).stats, mapping={"output_tokens": 4321, "rows": 7})
+    r.hset(NodeKeys(NODE).prompts, mapping={"ok": 5, "failed": 1, "quarantined": 1})
 
     async def batches() -> None:
         client = aioredis.from_url(redis_server.url)
@@ -183,7 +183,7 @@ def test_progress_recorder_counts_each_kind_once_and_reports_progress(r, redis_s
         await env.redis.aclose()
 
     asyncio.run(record())
-    kinds = {k.decode(): int(v) for k, v in r.hgetall(node_prompts_key(NODE)).items()}
+    kinds = {k.decode(): int(v) for k, v in r.hgetall(NodeKeys(NODE).prompts).items()}
     assert kinds == {"ok": 2, "truncated": 1, "failed": 1, "quarantined": 1}
     c = jobstate.counters(r, "obs")
     assert (c["completed"], c["failed"], c["truncated"], c["output_tokens"]) == (3, 1, 1, 30)

@@ -15,7 +15,7 @@ from workers.dataset import sink_lock
 from workers.delivery import ownership
 from workers.node import context
 from workers.redisdb import scripts
-from workers.redisdb.keys import handback_key
+from workers.redisdb.keys import NodeKeys
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_MODULE = ROOT / "workers" / "redisdb"
@@ -109,7 +109,7 @@ def test_the_shared_take_or_keep_script_honours_the_blocking_set(r: redis.Redis)
 
 
 def test_node_keys_live_in_the_redis_layout_and_dead_helpers_are_gone():
-    assert handback_key("gpu0@h") == "fleet:node:gpu0@h:handback"
+    assert NodeKeys("gpu0@h").handback == "fleet:node:gpu0@h:handback"
     assert not hasattr(runner, "handback_key") and not hasattr(runner, "units_of")
     assert not hasattr(context, "gpu_from_queues")
 

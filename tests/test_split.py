@@ -18,7 +18,7 @@ from tests.test_delivery import _rows, _verify, _wait_for
 from tests.test_delivery_ops import _pool_children
 from workers.delivery.gpu_share import Claim
 from workers.redisdb import scripts
-from workers.redisdb.keys import JobKeys, node_stats_key
+from workers.redisdb.keys import JobKeys, NodeKeys
 from workers.split import asker, owner
 
 
@@ -126,7 +126,7 @@ def _exactly_once(env: dict[str, str], job: str, n: int) -> list[dict]:
 def _part_answering(r: redis.Redis, job: str, node: str) -> None:
     """Until a part is granted and ``node`` (which holds no batch) has answered rows of it."""
     _wait_for(lambda: r.scard(JobKeys(job).parts(0)) >= 1, 60, "a part granted")
-    _wait_for(lambda: int(r.hget(node_stats_key(node), "rows") or 0) >= 5, 60,
+    _wait_for(lambda: int(r.hget(NodeKeys(node).stats, "rows") or 0) >= 5, 60,
               "the part's first rows recorded")
 
 

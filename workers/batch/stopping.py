@@ -13,7 +13,7 @@ from workers.aio import cancel_and_wait
 from workers.batch.units import HandBack, JobStopped
 from workers.delivery.ownership import Ownership
 from workers.delivery.progress import BatchEnv
-from workers.redisdb.keys import JobKeys, handback_key
+from workers.redisdb.keys import JobKeys, NodeKeys
 
 
 class StopWatch:
@@ -42,7 +42,7 @@ class StopWatch:
         try:
             state, handback = await asyncio.gather(
                 self.env.redis.hget(JobKeys(self.job).job, "state"),
-                self.env.redis.exists(handback_key(self.env.me.node)))
+                self.env.redis.exists(NodeKeys(self.env.me.node).handback))
         except (RedisError, OSError):
             return None
         if state == b"cancelled":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from workers.redisdb.keys import JobKeys, node_stats_key
+from workers.redisdb.keys import JobKeys, NodeKeys
 
 
 class CrashTracker:
@@ -38,5 +38,5 @@ class CrashTracker:
 
     async def crash_restarts(self) -> int:
         """How many times this worker's engine was restarted because it crashed or hung."""
-        raw = await self._redis.hget(node_stats_key(self._node), "crash_restarts")
+        raw = await self._redis.hget(NodeKeys(self._node).stats, "crash_restarts")
         return int(raw or 0)

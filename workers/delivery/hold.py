@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from workers.delivery.gpu_share import STALE_S, Claim, decode_all
-from workers.redisdb.keys import in_flight_key
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class ElasticHold:
                  held: Callable[[], frozenset[str]], max_held: int,
                  idle: Callable[[], None] | None = None,
                  wake: Callable[[], None] | None = None) -> None:
-        self.redis, self.key, self.max_held = client, in_flight_key(node), max_held
+        self.redis, self.key, self.max_held = client, NodeKeys(node).in_flight, max_held
         # Wakes the consumer's event loop. A loop with nothing to read polls its sockets for up
         # to a second between looks at ``can_consume`` (kombu's ``Hub.create_loop``): without
         # the wake, the next batch was read 0.5-1 s after the room for it appeared.

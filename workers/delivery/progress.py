@@ -27,7 +27,7 @@ from workers.engine.client import Completion
 from workers.errors import StoreError
 from workers.node.context import WorkerIdentity
 from workers.redisdb import scripts
-from workers.redisdb.keys import node_prompts_key
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class ProgressRecorder:
         async with self._env.redis.pipeline(transaction=False) as pipe:
             for kind, n in fresh.items():
                 if n:
-                    pipe.hincrby(node_prompts_key(self._env.me.node), kind, n)
+                    pipe.hincrby(NodeKeys(self._env.me.node).prompts, kind, n)
             await pipe.execute()
 
     async def run_flusher(self) -> None:

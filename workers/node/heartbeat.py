@@ -7,12 +7,12 @@ from typing import Any
 import orjson
 import redis
 
-from workers.redisdb.keys import HEARTBEAT_PREFIX, heartbeat_key
+from workers.redisdb.keys import HEARTBEAT_PREFIX, NodeKeys
 
 
 def publish(r: redis.Redis, node: str, payload: dict[str, Any], ttl_s: float) -> None:
     """Write a heartbeat that expires after ``ttl_s`` seconds."""
-    r.set(heartbeat_key(node), orjson.dumps(payload), px=int(ttl_s * 1000))
+    r.set(NodeKeys(node).heartbeat, orjson.dumps(payload), px=int(ttl_s * 1000))
 
 
 def read_heartbeats(r: redis.Redis) -> list[dict[str, Any]]:

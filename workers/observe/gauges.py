@@ -22,7 +22,7 @@ import redis
 
 from workers.engine.client import effective_cap
 from workers.engine.metrics import MetricSet, full_kv_usage, parse_metrics
-from workers.redisdb.keys import node_stats_key
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class WorkerWatch:
             self.engine = replace(self.engine, **{k: v for k, v in known.items() if v is not None})
         else:
             self.engine = sample
-        raw = self.redis.hget(node_stats_key(self.node), "output_tokens")
+        raw = self.redis.hget(NodeKeys(self.node).stats, "output_tokens")
         self.output_tokens = int(raw or 0)
         self._rate.add(time.monotonic(), self.output_tokens)
         self.tokens_per_sec = self._rate.rate()

@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 from workers.delivery import job_progress
 from workers.engine.lifecycle import EngineState
 from workers.observe.gauges import EngineSample
-from workers.redisdb.keys import batch_seconds_key, node_prompts_key, node_stats_key
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _bound(le: float) -> str:
 async def record_batch(r: aioredis.Redis, node: str, seconds: float) -> None:
     """Count one finished batch of ``seconds`` in the worker's histogram (best effort)."""
     le = next(b for b in BATCH_BUCKETS_S if seconds <= b)
-    key = batch_seconds_key(node)
+    key = NodeKeys(node).batch_seconds
     try:
         async with r.pipeline(transaction=True) as pipe:
             pipe.hincrby(key, _bound(le), 1)
@@ -111,9 +111,9 @@ class FleetCollector(Collector):
 
     def _counters(self) -> Iterator[Metric]:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(node_stats_key(self.node))
-        pipe.hgetall(node_prompts_key(self.node))
-        pipe.hgetall(batch_seconds_key(self.node))
+        pipe.hgetall(NodeKeys(self.node).stats)
+        pipe.hgetall(NodeKeys(self.node).prompts)
+        pipe.hgetall(NodeKeys(self.node).batch_seconds)
         stats, prompts, batches = (_hash(raw) for raw in pipe.execute())
         tokens = CounterMetricFamily("fleet_output_tokens", "Output tokens generated (each "
                                      "prompt counted once).", labels=LABELS)

@@ -111,34 +111,19 @@ class JobKeys:
         return f"{self._base}:reuse:scratch:{n}"
 
 
-def node_stats_key(node: str) -> str:
-    """A worker's lifetime counters."""
-    return f"{PREFIX}:node:{node}"
+class NodeKeys:
+    """Redis key names of one worker (``node``: its Celery node name)."""
 
+    def __init__(self, node: str) -> None:
+        self.stats = f"{PREFIX}:node:{node}"  # lifetime counters
+        self.prompts = f"{self.stats}:prompts"  # finished prompts by kind
+        self.batch_seconds = f"{self.stats}:batch_seconds"  # batch-duration histogram
+        self.in_flight = f"{self.stats}:in_flight"  # requests in flight, a field per batch
+        self.handback = f"{self.stats}:handback"  # set while it shuts down
+        self.heartbeat = f"{HEARTBEAT_PREFIX}{node}"
 
-def node_prompts_key(node: str) -> str:
-    """A worker's finished prompts by kind."""
-    return f"{node_stats_key(node)}:prompts"
-
-
-def batch_seconds_key(node: str) -> str:
-    """A worker's batch-duration histogram."""
-    return f"{node_stats_key(node)}:batch_seconds"
-
-
-def in_flight_key(node: str) -> str:
-    """A worker's requests in flight, one field per running batch."""
-    return f"{node_stats_key(node)}:in_flight"
-
-
-def handback_key(node: str) -> str:
-    """Set by a worker that is shutting down: its batches hand themselves back."""
-    return f"{node_stats_key(node)}:handback"
-
-
-def heartbeat_key(node: str) -> str:
-    """One worker's heartbeat."""
-    return f"{HEARTBEAT_PREFIX}{node}"
+    def __repr__(self) -> str:
+        return f"<NodeKeys {self.stats}>"
 
 
 def gpu_owner_key(host: str, gpu: int) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
-from workers.redisdb.keys import JobKeys, bucket, gpu_owner_key, node_stats_key
+from workers.redisdb.keys import JobKeys, NodeKeys, bucket, gpu_owner_key
 
 # A Redis client (redis.Redis, redis.asyncio.Redis) or a pipeline of either.
 Client = Any
@@ -86,7 +86,7 @@ def record_rows(r: Client, job: str, batch: int, node: str, token: str,
     by default). -1: the fence does not hold ``token``; else the rows counted."""
     k = JobKeys(job)
     if tally is None:
-        tally = (k.series_n, k.series_tok, node_stats_key(node))
+        tally = (k.series_n, k.series_tok, NodeKeys(node).stats)
     now = time.time()
     argv: list[Any] = [batch, bucket(now), node, token, round(now, 3)]
     for unit, row, kind, tokens in rows:

@@ -25,7 +25,7 @@ from workers.node import context
 from workers.node.heartbeat import read_heartbeats
 from workers.node.queues import TAKE_TASK
 from workers.redisdb import scripts
-from workers.redisdb.keys import JobKeys, in_flight_key
+from workers.redisdb.keys import JobKeys, NodeKeys
 from workers.split.protocol import REQUEST_TTL_MS, Part, Request, split_tag
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def node_claims(r: redis.Redis, nodes: Iterable[str]) -> dict[str, list[Claim]]:
     nodes = list(nodes)
     with r.pipeline(transaction=False) as pipe:
         for node in nodes:
-            pipe.hgetall(in_flight_key(node))
+            pipe.hgetall(NodeKeys(node).in_flight)
         raws = pipe.execute()
     return {node: decode_all(raw) for node, raw in zip(nodes, raws, strict=True)}
 

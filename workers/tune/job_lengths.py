@@ -29,7 +29,7 @@ from workers.dataset.jobs import (
 from workers.dataset.store import Store, open_store
 from workers.delivery import jobstate
 from workers.errors import FleetError
-from workers.redisdb.keys import JOBS_KEY, JobKeys, in_flight_key
+from workers.redisdb.keys import JOBS_KEY, JobKeys, NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def running_job(r: redis.Redis, node: str | None) -> str | None:
     """The job ``node``'s batches are running (most in-flight batches), else the latest job
     marked running."""
     if node is not None:
-        tags = r.hkeys(in_flight_key(node))
+        tags = r.hkeys(NodeKeys(node).in_flight)
         jobs = Counter(t.decode().rpartition("/")[0] for t in tags)
         jobs.pop("", None)
         if jobs:

@@ -37,7 +37,7 @@ from workers.node import gpu_group, heartbeat
 from workers.node.context import WorkerIdentity
 from workers.observe.gauges import WorkerWatch
 from workers.observe.metrics import Exporter, FleetCollector
-from workers.redisdb.keys import handback_key, heartbeat_key, in_flight_key, node_stats_key
+from workers.redisdb.keys import NodeKeys
 from workers.retry import RetryPolicy, backoff_s
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class WorkerRuntime:
                  lease_index_key: str, intake: Intake | None = None,
                  unacked_key: str = "unacked") -> None:
         self.settings, self.me, self.redis = settings, me, redis_client
+        self.keys = NodeKeys(me.node)
         profile = load_profile(settings.profile)
         self.group = me.group
         self.engine = Engine(EngineSpec(
@@ -89,7 +90,7 @@ class WorkerRuntime:
 
     def start(self) -> None:
         """Start the engine and wait until it is healthy, then start the background threads."""
-        self.redis.delete(handback_key(self.me.node))  # left by this node's last shutdown
+        self.redis.delete(self.keys.handback)  # left by this node's last shutdown
         self.lease.start()
         self.engine.start()
         self.watch.start()
@@ -110,7 +111,7 @@ class WorkerRuntime:
         self.exporter.stop()
         self.engine.stop()
         try:
-            self.redis.delete(heartbeat_key(self.me.node))
+            self.redis.delete(self.keys.heartbeat)
             gpu_group.release(self.redis, self.me.node, self.group)
         except redis.RedisError:
             pass
@@ -119,7 +120,7 @@ class WorkerRuntime:
         """Warm shutdown: the running batches stop sending and go back to the queue with
         their answered prompts kept (they look for this key every second)."""
         try:
-            self.redis.set(handback_key(self.me.node), 1, ex=HANDBACK_TTL_S)
+            self.redis.set(self.keys.handback, 1, ex=HANDBACK_TTL_S)
         except redis.RedisError as exc:
             log.warning("could not ask running batches to hand back: %s", exc)
 
@@ -148,7 +149,7 @@ class WorkerRuntime:
         policy = RetryPolicy(max_attempts=1_000_000, base_s=2.0, max_s=60.0)
         if profile is None:
             # Batches read this to tell a crash (blame the prompts in flight) from a relaunch.
-            self.redis.hincrby(node_stats_key(self.me.node), "crash_restarts", 1)
+            self.redis.hincrby(self.keys.stats, "crash_restarts", 1)
         self.stall.reset()
         self.intake.close("engine")  # nothing new is taken until the engine is healthy again
         known_good, attempt = self.engine.spec.profile, 0
@@ -215,7 +216,7 @@ class WorkerRuntime:
 
     def _in_flight(self) -> int:
         """Requests this worker's batches have in flight (reported by the pool children)."""
-        raw = self.redis.hgetall(in_flight_key(self.me.node))
+        raw = self.redis.hgetall(self.keys.in_flight)
         return gpu_share.in_flight_total(raw, time.time())
 
     def heartbeat_payload(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from workers.node.queues import BATCH_TASK, TAKE_TASK
 from workers.observe import metrics
 from workers.observe.events import TaskProgress
 from workers.redisdb import scripts
-from workers.redisdb.keys import JobKeys, heartbeat_key
+from workers.redisdb.keys import JobKeys, NodeKeys
 from workers.split import asker
 from workers.split.protocol import Part
 
@@ -121,7 +121,7 @@ async def _check_profile(r: aioredis.Redis, job: str, batch: int) -> None:
     an output flag the job needs (a tool-call parser of the profile it was enqueued for)."""
     node = identity().node
     need_profile, raw_needs = await r.hmget(JobKeys(job).job, ["profile", "needs"])
-    beat = orjson.loads(await r.get(heartbeat_key(node)) or b"{}")
+    beat = orjson.loads(await r.get(NodeKeys(node).heartbeat) or b"{}")
     if not raw_needs or "output_flags" not in beat:
         return
     missing = unmet_needs(orjson.loads(raw_needs), beat["output_flags"])
@@ -177,7 +177,7 @@ async def _generate(task: Task, settings: Settings, store: Store, r: aioredis.Re
                     part: Part | None = None) -> dict[str, Any]:
     me = identity()
     rows = await asyncio.to_thread(load_checked_input, store, spec, batch)
-    beat = await r.get(heartbeat_key(me.node))
+    beat = await r.get(NodeKeys(me.node).heartbeat)
     profile, fixed, digest = _engine_profile(beat, settings.profile)
     progress = TaskProgress(task.app, task.request.id, task.request.hostname,
                             len(part.rows) if part else len(rows), me.gpu,
