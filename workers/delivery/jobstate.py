@@ -3,8 +3,9 @@
 Redis holds only what can be rebuilt: the store has the job record, the staged inputs and the
 results. Counters are bumped in the same Lua call that records a row (``scripts.record_rows``),
 only the first time a row is recorded and only from the batch's current owner, so a
-redelivered batch never counts a prompt twice. There is no "pending" mark: where a batch is (queued, held, done) is derived
-from the broker and the owner keys when it matters (workers/delivery/whereabouts.py).
+redelivered batch never counts a prompt twice. There is no "pending" mark: where a batch is
+(queued, held, done) is derived from the broker and the owner keys when it matters
+(workers/delivery/whereabouts.py).
 
 Every key name is in workers/redisdb/keys.py, every script in workers/redisdb/lua/.
 """
