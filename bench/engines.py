@@ -22,9 +22,9 @@ import redis
 
 from config.launch_profile import load_profile
 from config.settings import SimSettings
-from workers.delivery import jobstate
 from workers.delivery.ownership import live_holders
 from workers.engine.capacity import EngineFlags, model_shape, plan_capacity
+from workers.redisdb.keys import JobKeys
 from workers.sim.calibration import B200_WORKLOAD
 from workers.sim.engine import accept_length
 from workers.sim.flags import parse_args
@@ -267,7 +267,7 @@ class JobWatch:
 
     def _batches(self) -> tuple[int, int]:
         """(batches taken from the queue: owned by a run now or done, batches done)."""
-        done = {int(b) for b in self.r.smembers(jobstate.Keys(self.job).done)}
+        done = {int(b) for b in self.r.smembers(JobKeys(self.job).done)}
         return len(done | set(live_holders(self.r, self.job))), len(done)
 
     def _loop(self) -> None:
@@ -291,7 +291,7 @@ class JobWatch:
             if done >= self.n_batches:
                 tl.t_done = time.monotonic()
                 tl.decode_at_done = self._decode_tokens()
-                first, last = self.r.hmget(jobstate.Keys(self.job).job,
+                first, last = self.r.hmget(JobKeys(self.job).job,
                                            ["first_taken_at", "last_row_at"])
                 if last:
                     tl.t_last_row = min(tl.t_done, tl.t_done - (time.time() - float(last)))

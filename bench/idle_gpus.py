@@ -1,7 +1,7 @@
 """Issue 37 at a node's size: 7 simulated GPUs, 20,000 heavy-tailed prompts, idle GPU-seconds.
 
 The fleet chooses the batch size (workers/delivery/batch_size.py) and runs the job to its end
-with the elastic hold and the job-end split (workers/delivery/split.py). The output lengths are
+with the elastic hold and the job-end split (workers/split/). The output lengths are
 the simulator's log-normal at the workload's mean (sigma 0.8 by default, ``--sigma``). A
 watcher reads every engine, from the engines' side only:
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from bench.common import Fleet, MachineCpu, note
 from bench.engines import EngineModel, JobWatch, Timeline, engine_model
 from workers.delivery import jobstate
+from workers.redisdb.keys import JobKeys
 
 
 def poll_interval_s(gpus: int) -> float:
@@ -96,7 +97,7 @@ def run_job(fleet: Fleet, gpus: int, prompts: Path, n_prompts: int, job: str, ba
     if stop_when_all_taken:
         fleet.producer("cancel", "--job", job)
     tokens = jobstate.counters(fleet.r, job)["output_tokens"]
-    parts, split_rows = (int(n or 0) for n in fleet.r.hmget(jobstate.Keys(job).job,
+    parts, split_rows = (int(n or 0) for n in fleet.r.hmget(JobKeys(job).job,
                                                              list(jobstate.SPLIT_FIELDS)))
     result = JobResult(label=job, prompts=n_prompts, gpus=gpus, timeline=timeline,
                        output_tokens=tokens, model=model, cpu_busy=busy, cpu_cores=cores,

@@ -9,7 +9,7 @@ log-normal output lengths, 87.5 tokens/s per request, answered rows spilled ever
 ``SPILL_INTERVAL_S``, the batch's results stored 1 s after its last answer) says which rows
 are answered when, and the rows are written in that order through the real path: a chunk of
 rows into a local store (``workers.delivery.progress.spill_rows``) and the chunk's name per
-answered index through ``workers.delivery.jobstate.RECORD_ROWS``, as
+answered index through ``workers.redisdb.scripts.record_rows``, as
 ``ProgressRecorder.flush`` does, owner token included; the batch is finished with
 ``FINISH_BATCH`` (which deletes its progress hash) and its chunks dropped, as the batch runner
 does.
@@ -42,9 +42,10 @@ from bench.common import (
 )
 from workers.dataset.jobs import PromptRow
 from workers.dataset.store import Store, open_store
-from workers.delivery import jobstate
 from workers.delivery.progress import SPILL_INTERVAL_S, drop_progress, result_row, spill_rows
 from workers.engine.client import Completion
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 REDIS_GOAL_MB = 50.0
 FLAT_GOAL = 1.10  # peak at the largest rows / peak at the smallest: "flat"
@@ -125,10 +126,9 @@ def row_bytes(row_kb: float, rng: random.Random, batch: int, index: int) -> byte
 def replay(r: redis.Redis, store: Store, job: str, events: list[_Event],
            row_kb: float) -> tuple[float, int]:
     """Write the schedule's rows as the workers do (chunks in the store, their names through
-    RECORD_ROWS, FINISH_BATCH); (peak MiB, peak rows answered and not yet stored)."""
-    keys = jobstate.Keys(job)
-    record = r.register_script(jobstate.RECORD_ROWS)
-    finish = r.register_script(jobstate.FINISH_BATCH)
+    ``scripts.record_rows``, then ``scripts.finish_batch``); (peak MiB, peak rows answered and
+    not yet stored)."""
+    keys = JobKeys(job)
     rng = random.Random(7)
     # A pool of distinct rows (reused across batches: Redis stores each copy anyway).
     pool = [row_bytes(row_kb, rng, 0, i) for i in range(64)]
@@ -143,8 +143,7 @@ def replay(r: redis.Redis, store: Store, job: str, events: list[_Event],
             chunk = spill_rows(store, job, b, f"tok{b}-{seq:06d}", [x[1] for x in rows])
             seq += 1
             refs = [(index, chunk.encode(), kind, tok) for index, _, kind, tok in rows]
-            record(keys=jobstate.record_keys(job, b, jobstate.node_stats_key(node)),
-                   args=jobstate.record_args(b, node, f"tok{b}", refs))
+            scripts.record_rows(r, job, b, node, f"tok{b}", refs)
         pending.clear()
 
     owned: set[int] = set()
@@ -162,8 +161,7 @@ def replay(r: redis.Redis, store: Store, job: str, events: list[_Event],
             peak_rows = max(peak_rows, live_rows)
         else:
             flush()
-            finish(keys=[keys.done, keys.progress(ev.batch), keys.owner(ev.batch)],
-                   args=[ev.batch, f"tok{ev.batch}"])
+            scripts.finish_batch(r, job, ev.batch, f"tok{ev.batch}")
             drop_progress(store, job, ev.batch)
             live_rows -= BATCH
     flush()

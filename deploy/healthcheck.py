@@ -29,12 +29,12 @@ def node_name(pattern: str) -> str:
 def check_heartbeat(node: str) -> str | None:
     """None if ``node``'s heartbeat says its engine is healthy, else why not."""
     from config.settings import load_settings
-    from workers.node.heartbeat import heartbeat_key
+    from workers.redisdb.keys import NodeKeys
 
     url = load_settings().redis_url.get_secret_value()
     client = redis.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S)
     try:
-        raw = client.get(heartbeat_key(node))
+        raw = client.get(NodeKeys(node).heartbeat)
     except redis.RedisError as exc:
         return f"cannot read the heartbeat of {node}: {exc}"
     finally:

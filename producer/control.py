@@ -17,20 +17,20 @@ from celery import Celery
 from producer.enqueue import EnqueueReport, reconcile
 from workers.dataset.jobs import JobSpec
 from workers.dataset.store import Store
-from workers.delivery import jobstate
 from workers.delivery.whereabouts import remove_queued
 from workers.errors import JobError
+from workers.redisdb.keys import JOBS_KEY, JobKeys
 
 STATES = ("running", "paused", "cancelled")
 
 
 def set_state(r: redis.Redis, job: str, state: str) -> None:
     """Record the job's state (checked by every batch at start and while it runs)."""
-    if not r.sismember(jobstate.JOBS_KEY, job):
+    if not r.sismember(JOBS_KEY, job):
         raise JobError(f"no job {job!r} in Redis (run enqueue first)")
     pipe = r.pipeline()
-    pipe.hset(jobstate.Keys(job).job, "state", state)
-    pipe.hdel(jobstate.Keys(job).job, "paused_by")  # set only by a worker's quality pause
+    pipe.hset(JobKeys(job).job, "state", state)
+    pipe.hdel(JobKeys(job).job, "paused_by")  # set only by a worker's quality pause
     pipe.execute()
 
 

@@ -154,11 +154,11 @@ def main() -> int:
 def _wait_dataset(r: redis.Redis, job: str, timeout_s: float) -> str | None:
     """The job's data-set state once it is committed (None if not within ``timeout_s``)."""
     from workers.delivery.job_progress import dataset_state
-    from workers.delivery.jobstate import Keys
+    from workers.redisdb.keys import JobKeys
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        state, _ = dataset_state(r.hgetall(Keys(job).sink))
+        state, _ = dataset_state(r.hgetall(JobKeys(job).sink))
         if state and state != "building":
             return state
         time.sleep(0.5)
@@ -168,9 +168,9 @@ def _wait_dataset(r: redis.Redis, job: str, timeout_s: float) -> str | None:
 def _quality_line(r: redis.Redis, job: str) -> str:
     """The demo's last word: the committed data set's quality verdict."""
     from workers.delivery.job_progress import quality_failed
-    from workers.delivery.jobstate import Keys
+    from workers.redisdb.keys import JobKeys
 
-    failed = quality_failed(r.hgetall(Keys(job).sink))
+    failed = quality_failed(r.hgetall(JobKeys(job).sink))
     if failed is None:
         return f"quality of job {job}: no data set committed"
     if not failed:

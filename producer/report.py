@@ -28,7 +28,7 @@ from producer.status import job_status
 from workers.dataset.jobs import JobSpec, batch_of_result_key, decode_rows, results_prefix
 from workers.dataset.manifest import load_manifest, row_bucket
 from workers.dataset.store import Store
-from workers.delivery import jobstate
+from workers.redisdb.keys import SERIES_BUCKET_S, JobKeys
 
 PERCENTILES = (50, 90, 99)
 # The plots the report writes (docs/observability.md names each).
@@ -73,8 +73,8 @@ def timeline_from_rows(events: list[tuple[float, str, int]]) -> Timeline | None:
 def timeline_from_series(r: redis.Redis, job: str) -> Timeline:
     """The timeline of the job's 10-s series in Redis, for rows stored without
     ``finished_at`` (empty if Redis no longer has the series)."""
-    keys = jobstate.Keys(job)
-    width = jobstate.SERIES_BUCKET_S
+    keys = JobKeys(job)
+    width = SERIES_BUCKET_S
     raw_n, raw_tok = r.hgetall(keys.series_n), r.hgetall(keys.series_tok)
     starts = [int(k.decode().partition("|")[0]) for k in raw_n]
     line = Timeline(width=width)

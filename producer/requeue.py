@@ -54,6 +54,7 @@ from workers.delivery.progress import spill_rows
 from workers.delivery.sink_requests import reset_auto_trigger
 from workers.errors import InputError, JobError
 from workers.node.queues import BATCH_TASK, SHARED_QUEUE
+from workers.redisdb.keys import JobKeys
 
 LOCK_WAIT_S = 300.0
 # What requeue-failed redoes (--truncated: "truncated").
@@ -115,7 +116,7 @@ def mark_reopened(store: Store, job: str) -> None:
 
 def _reopen(store: Store, r: redis.Redis, job: str, batch: int, keep: list[dict[str, Any]],
             redo: list[dict[str, Any]]) -> None:
-    keys = jobstate.Keys(job)
+    keys = JobKeys(job)
     chunk = spill_rows(store, job, batch, f"requeue-{uuid.uuid4().hex[:12]}", keep) if keep \
         else ""
     pipe = r.pipeline()
@@ -126,7 +127,7 @@ def _reopen(store: Store, r: redis.Redis, job: str, batch: int, keep: list[dict[
                   mapping={row_key(x): chunk for x in keep})
     # The batch now adds only the rows it keeps; the redone ones count again when recorded.
     jobstate.set_batch_counts(pipe, job, batch, jobstate.batch_counts(keep))
-    pipe.hdel(f"{keys.job}:crashes", *{str(x["index"]) for x in redo})
+    pipe.hdel(keys.crashes, *{str(x["index"]) for x in redo})
     pipe.srem(keys.done, batch)
     pipe.execute()
 
@@ -142,7 +143,7 @@ def requeue_failed(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, tru
 def requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, where: frozenset[str],
             max_new_tokens: int | None) -> RequeueReport:
     """Reopen every batch with rows under a figure of ``where``; see the module docstring."""
-    state = r.hget(jobstate.Keys(spec.name).job, "state")
+    state = r.hget(JobKeys(spec.name).job, "state")
     if state in (b"paused", b"cancelled"):
         raise JobError(f"job {spec.name} is {state.decode()}: its requeued batches would not "
                        f"run (fleet resume --job {spec.name} first)")
@@ -197,7 +198,7 @@ def _requeue(store: Store, r: redis.Redis, app: Celery, spec: JobSpec, where: fr
         save_spec(store, spec.model_copy(update={"input_sha256": shas}))
     reset_auto_trigger(r, spec.name)
     if reopened:  # the live tally starts over: it tells of the regenerated rows
-        quality = jobstate.Keys(spec.name).quality
+        quality = JobKeys(spec.name).quality
         r.delete(quality, *(f"{quality}:ex:{name}" for name in PER_ROW))
     for batch in reopened:
         app.send_task(BATCH_TASK, args=[spec.name, batch], queue=SHARED_QUEUE)

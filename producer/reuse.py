@@ -48,9 +48,11 @@ from workers.dataset.manifest import launch_digest, row_bucket
 from workers.dataset.samples import prompt_units, row_key, row_unit
 from workers.dataset.sink import prefetched, stored_batches
 from workers.dataset.store import Store
-from workers.delivery import jobstate, ownership, whereabouts
+from workers.delivery import jobstate, whereabouts
 from workers.delivery.progress import spill_rows
 from workers.errors import JobError
+from workers.redisdb import scripts
+from workers.redisdb.keys import JOBS_KEY, JobKeys
 
 REUSE_NODE = "reuse"
 CACHED_BATCHES = 16
@@ -155,19 +157,16 @@ def _prefill(store: Store, r: redis.Redis, job: str, batch: int,
     """Record reused rows as answered prompts of the batch (in a progress chunk, as the workers
     do), as its owner for a moment (skipped if a run owns the batch); counters move once,
     series not at all."""
-    keys = jobstate.Keys(job)
+    keys = JobKeys(job)
     token = f"{REUSE_NODE}|{uuid.uuid4().hex}"
     if not r.set(keys.owner(batch), token, nx=True, px=60_000):
         return
     chunk = spill_rows(store, job, batch, f"{REUSE_NODE}-{token[-12:]}", rows).encode()
-    scratch = [f"{keys.job}:reuse:scratch:{n}" for n in range(3)]
-    args = jobstate.record_args(batch, REUSE_NODE, token, [
-        (row_key(x), chunk, row_bucket(x), x["completion_tokens"]) for x in rows])
-    r.register_script(jobstate.RECORD_ROWS)(
-        keys=[keys.progress(batch), keys.stats, keys.done, *scratch, keys.owner(batch),
-              keys.bstats, keys.job], args=args)
+    scratch = [keys.scratch(n) for n in range(3)]
+    scripts.record_rows(r, job, batch, REUSE_NODE, token, [
+        (row_key(x), chunk, row_bucket(x), x["completion_tokens"]) for x in rows], tally=scratch)
     r.delete(*scratch)
-    r.eval(ownership.RELEASE, 1, keys.owner(batch), token)
+    scripts.release_if_owner(r, keys.owner(batch), token)
 
 
 def _open_batches(store: Store, r: redis.Redis, spec: JobSpec) -> set[int]:
@@ -228,8 +227,8 @@ def reuse_hook(store: Store, r: redis.Redis, source: str | None, profile: str
 def answered_twin(r: redis.Redis, spec: JobSpec) -> str | None:
     """One line when another job Redis knows was made from the same rows (the same input
     fingerprint) and has answered some: the job ``--reuse-from`` would copy them from."""
-    for name in sorted(n.decode() for n in r.smembers(jobstate.JOBS_KEY)):
-        raw = r.hget(jobstate.Keys(name).job, "spec") if name != spec.name else None
+    for name in sorted(n.decode() for n in r.smembers(JOBS_KEY)):
+        raw = r.hget(JobKeys(name).job, "spec") if name != spec.name else None
         if not raw or JobSpec.model_validate_json(raw).input_fingerprint \
                 != spec.input_fingerprint:
             continue

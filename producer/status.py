@@ -15,6 +15,7 @@ from workers.delivery import job_progress, jobstate
 from workers.delivery.ownership import live_holders
 from workers.errors import JobError
 from workers.node.heartbeat import read_heartbeats
+from workers.redisdb.keys import SERIES_BUCKET_S, JobKeys, bucket
 
 RATE_WINDOW_S = 60
 
@@ -25,18 +26,18 @@ def status_spec(store: Store, r: redis.Redis, job: str) -> JobSpec:
     try:
         return load_spec(store, job)
     except JobError:
-        raw = r.hget(jobstate.Keys(job).job, "spec")
+        raw = r.hget(JobKeys(job).job, "spec")
         if not raw:
             raise
         return JobSpec.model_validate_json(raw)
 
 
-def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[float, float]:
+def _rates(r: redis.Redis, keys: JobKeys, started_at: float) -> tuple[float, float]:
     """Rows/s and output tokens/s over the last RATE_WINDOW_S seconds."""
     now = time.time()
-    first = jobstate.bucket(now - RATE_WINDOW_S)
-    buckets = list(range(first + jobstate.SERIES_BUCKET_S, jobstate.bucket(now) + 1,
-                         jobstate.SERIES_BUCKET_S))
+    first = bucket(now - RATE_WINDOW_S)
+    buckets = list(range(first + SERIES_BUCKET_S, bucket(now) + 1,
+                         SERIES_BUCKET_S))
     pipe = r.pipeline()
     pipe.hmget(keys.series_n, buckets)
     pipe.hmget(keys.series_tok, buckets)
@@ -48,7 +49,7 @@ def _rates(r: redis.Redis, keys: jobstate.Keys, started_at: float) -> tuple[floa
     return rows / span, tokens / span
 
 
-def _prompts_done(r: redis.Redis, spec: JobSpec, keys: jobstate.Keys) -> int:
+def _prompts_done(r: redis.Redis, spec: JobSpec, keys: JobKeys) -> int:
     """Prompts of the batches stored with every sample."""
     done = {int(b) for b in r.smembers(keys.done)}
     return sum(len(spec.batch_range(b)) for b in done if 0 <= b < spec.n_batches)
@@ -93,7 +94,7 @@ def job_status(r: redis.Redis, spec: JobSpec, where: StoreLocation | None = None
 
     While the job runs, the rates are those of the last minute; once it is done they cover
     its active span (first batch taken to last row) and ``elapsed_s`` stops at the last row."""
-    keys = jobstate.Keys(spec.name)
+    keys = JobKeys(spec.name)
     p = job_progress.read(r, spec)
     c, done = p["counters"], p["done"]
     running = len(live_holders(r, spec.name))

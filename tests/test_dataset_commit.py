@@ -34,10 +34,10 @@ from workers.dataset.manifest import (
     to_record,
 )
 from workers.dataset.sink import ShardLimits, aggregate
-from workers.dataset.sink_lock import LockLost, SinkLock, lock_key
+from workers.dataset.sink_lock import LockLost, SinkLock
 from workers.dataset.store import LocalStore, Store
-from workers.delivery.sink_requests import state_key
 from workers.errors import FleetError
+from workers.redisdb.keys import JobKeys
 
 LIMITS = ShardLimits(rows=20)
 STEPS = ("shards-written", "manifest-written", "success-written", "cleanup")
@@ -171,7 +171,7 @@ def test_completeness_is_decided_from_the_rows_written(store):
 def test_requeue_failed_waits_for_the_sink_and_unmarks_the_data_set(store, r, redis_server):
     spec = make_job(store, "rq", prompt_rows(40), batch_size=10)
     app = Celery("t", broker=redis_server.url)
-    r.set(f"{state_key('rq')}:auto", 1)
+    r.set(JobKeys("rq").sink_auto, 1)
     in_sink, go_on, done = threading.Event(), threading.Event(), threading.Event()
     results: dict[str, Any] = {}
 
@@ -203,7 +203,7 @@ def test_requeue_failed_waits_for_the_sink_and_unmarks_the_data_set(store, r, re
     manifest = load_manifest(store, "rq")
     assert manifest["complete"] is False and manifest["reopened"] is True
     assert not store.exists(success_key("rq"))
-    assert r.get(f"{state_key('rq')}:auto") is None  # the last requeued batch triggers again
+    assert r.get(JobKeys("rq").sink_auto) is None  # the last requeued batch triggers again
     with pytest.raises(Exception, match="not complete"):
         committed_prefix(store, "rq")
 
@@ -214,12 +214,12 @@ def test_the_lock_has_one_owner_is_renewed_and_released_only_by_its_owner(r):
     with a:
         assert a.try_acquire() and not b.try_acquire()
         threading.Event().wait(1.5)  # past two TTLs: renewal keeps it
-        assert r.get(lock_key("lk")) == b"a" and not b.try_acquire()
+        assert r.get(JobKeys("lk").sink_lock) == b"a" and not b.try_acquire()
         b.release()  # not the owner: nothing happens
-        assert r.get(lock_key("lk")) == b"a"
+        assert r.get(JobKeys("lk").sink_lock) == b"a"
         with pytest.raises(FleetError, match="held by a"):
             b.acquire(timeout_s=0.3, poll_s=0.1)
-    assert r.get(lock_key("lk")) is None
+    assert r.get(JobKeys("lk").sink_lock) is None
     assert b.try_acquire()
     b.release()
 
@@ -231,24 +231,24 @@ def test_a_run_that_lost_its_lock_commits_nothing_and_deletes_nothing(store, r):
 
     def steal(step: str) -> None:
         if step == "shards-written":  # our lock expired; another run took it
-            r.set(lock_key("lost"), "other")
+            r.set(JobKeys("lost").sink_lock, "other")
 
     with SinkLock(r, "lost", "mine") as lock, pytest.raises(LockLost):
         lock.acquire(5)
         aggregate(store, "lost", LIMITS, lock=lock, on_step=steal)
     after = {k: store.get(k) for k in store.list("jobs/lost/") if k in before}
     assert after == before
-    assert r.get(lock_key("lost")) == b"other"  # our release left the other owner's lock
+    assert r.get(JobKeys("lost").sink_lock) == b"other"  # our release left the other owner's lock
 
 
 def test_sink_local_takes_the_same_lock(fleet_env, r):
     store = LocalStore(local_root(fleet_env))
     make_job(store, "busy", prompt_rows(20), batch_size=10)
-    r.set(lock_key("busy"), "a-sink-worker")
+    r.set(JobKeys("busy").sink_lock, "a-sink-worker")
     res = cli(fleet_env, "sink", "--job", "busy", "--local", "--timeout", "1")
     assert res.returncode == 3 and "being written by another run" in res.stderr
     assert load_manifest(store, "busy") is None
-    r.delete(lock_key("busy"))
+    r.delete(JobKeys("busy").sink_lock)
     res = cli(fleet_env, "sink", "--job", "busy", "--local", "--json")
     assert res.returncode == 0 and orjson.loads(res.stdout)["rows"] == 20
-    assert r.get(lock_key("busy")) is None
+    assert r.get(JobKeys("busy").sink_lock) is None

@@ -24,12 +24,14 @@ from workers.dataset.jobs import encode_rows, result_key
 from workers.dataset.samples import parse_unit_key
 from workers.dataset.store import open_store
 from workers.delivery import jobstate, lease, ownership, whereabouts
-from workers.delivery.gate import ConsumerGate
 from workers.delivery.gpu_share import Claim, allowed, others_in_flight
+from workers.delivery.intake import Intake
 from workers.delivery.ownership import LostOwnership, Ownership
 from workers.delivery.progress import BatchEnv, ProgressRecorder, read_progress
 from workers.engine.lifecycle import Engine, EngineSpec
 from workers.node.context import WorkerIdentity
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 
 def _row(job: str, batch: int, index: int, status: str = "ok") -> dict:
@@ -42,18 +44,16 @@ def _row(job: str, batch: int, index: int, status: str = "ok") -> dict:
 
 
 def _record(r: redis.Redis, job: str, batch: int, token: str, rows: list[dict]) -> int:
-    keys = jobstate.record_keys(job, batch, jobstate.node_stats_key("n"))
-    args = jobstate.record_args(batch, "n", token, [
+    return int(scripts.record_rows(r, job, batch, "n", token, [
         (x["index"], orjson.dumps(x), "ok" if x["status"] == "ok" else "failed",
-         x["completion_tokens"]) for x in rows])
-    return int(r.eval(jobstate.RECORD_ROWS, len(keys), *keys, *args))
+         x["completion_tokens"]) for x in rows]))
 
 
 def _owned_recorder(r: redis.Redis, ar: aioredis.Redis, store, job: str) -> ProgressRecorder:
     """A recorder for batch 0 of ``job`` whose run owns the batch, with rows 0-2 buffered."""
     env = BatchEnv(settings=None, me=WorkerIdentity(node="n", host="h", gpu=0, port=1),  # type: ignore[arg-type]
                    store=store, redis=ar, profile="p")
-    r.set(jobstate.Keys(job).owner(0), "tok")
+    r.set(JobKeys(job).owner(0), "tok")
     rec = ProgressRecorder(env, job, 0, "tok")
     for i in range(3):
         rec.add(_row(job, 0, i))
@@ -67,18 +67,15 @@ def test_a_run_that_lost_its_batch_can_neither_record_nor_finish(r: redis.Redis)
         first = Ownership(ar, "f", 3, "gpu0@a", ttl_s=30)
         assert (await first.acquire(lambda: _false(), 0)).status == "ok"
         assert _record(r, "f", 3, first.token, [_row("f", 3, 0)]) == 1
-        r.delete(jobstate.Keys("f").owner(3))  # its claim lapsed (a frozen VM)
+        r.delete(JobKeys("f").owner(3))  # its claim lapsed (a frozen VM)
         second = Ownership(ar, "f", 3, "gpu1@b", ttl_s=30)
         assert (await second.acquire(lambda: _false(), 0)).status == "ok"
         # The first run's progress write and finish step are refused; the second's are not.
         assert _record(r, "f", 3, first.token, [_row("f", 3, 1)]) == -1
         assert not await first.renew() and not await first.still_owned()
-        k = jobstate.Keys("f")
-        assert r.eval(jobstate.FINISH_BATCH, 3, k.done, k.progress(3), k.owner(3), 3,
-                      first.token) == 0
+        assert scripts.finish_batch(r, "f", 3, first.token) == 0
         assert _record(r, "f", 3, second.token, [_row("f", 3, 1)]) == 1
-        assert r.eval(jobstate.FINISH_BATCH, 3, k.done, k.progress(3), k.owner(3), 3,
-                      second.token) == 1
+        assert scripts.finish_batch(r, "f", 3, second.token) == 1
         assert jobstate.counters(r, "f")["completed"] == 2
         await ar.aclose()
 
@@ -96,7 +93,7 @@ def test_a_run_past_its_lease_confirms_its_claim_before_it_sends_again(r: redis.
         ar = aioredis.from_url(f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}")
         first = Ownership(ar, "z", 1, "gpu0@a", ttl_s=2)
         assert (await first.acquire(_false, 0)).status == "ok"
-        r.set(jobstate.Keys("z").owner(1), "gpu1@b|other")  # taken over while it was frozen
+        r.set(JobKeys("z").owner(1), "gpu1@b|other")  # taken over while it was frozen
         await first.confirm(margin_s=0.5)  # fresh claim: trusted without a round trip
         await asyncio.sleep(1.6)  # past ttl - margin: the claim may have lapsed
         with pytest.raises(LostOwnership):
@@ -105,7 +102,7 @@ def test_a_run_past_its_lease_confirms_its_claim_before_it_sends_again(r: redis.
         assert (await second.acquire(_false, 0)).status == "ok"
         await asyncio.sleep(1.6)
         await second.confirm(margin_s=0.5)  # still its own: renewed, then trusted again
-        assert r.pttl(jobstate.Keys("z").owner(2)) > 1500
+        assert r.pttl(JobKeys("z").owner(2)) > 1500
         await ar.aclose()
 
     asyncio.run(scenario())
@@ -121,7 +118,7 @@ def test_a_second_delivery_waits_for_a_live_holder_and_then_gives_up(r: redis.Re
         assert got.status == "held" and got.holder == holder.token
         assert time.monotonic() - t0 >= 1.5
         # A holder whose claim expired is replaced at once.
-        r.pexpire(jobstate.Keys("w").owner(0), 1)
+        r.pexpire(JobKeys("w").owner(0), 1)
         time.sleep(0.05)
         assert (await Ownership(ar, "w", 0, "gpu1@b", ttl_s=30).acquire(_false, 0)).status == "ok"
         await ar.aclose()
@@ -132,7 +129,7 @@ def test_a_second_delivery_waits_for_a_live_holder_and_then_gives_up(r: redis.Re
 def test_a_done_mark_without_a_stored_result_is_reopened(r: redis.Redis) -> None:
     async def scenario() -> None:
         ar = aioredis.from_url(f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}")
-        k = jobstate.Keys("d")
+        k = JobKeys("d")
         r.sadd(k.done, 2)
         jobstate.set_batch_counts(r, "d", 2, {"completed": 5, "output_tokens": 50})
         assert jobstate.counters(r, "d")["completed"] == 5
@@ -153,7 +150,7 @@ def test_a_done_mark_without_a_stored_result_is_reopened(r: redis.Redis) -> None
 def test_counting_a_stored_batch_never_doubles_rows_counted_live(r: redis.Redis,
                                                                  tmp_path: Path) -> None:
     store = open_store(tmp_path.as_uri(), None)
-    k = jobstate.Keys("c")
+    k = JobKeys("c")
     r.set(k.owner(0), "tok")
     rows = [_row("c", 0, i) for i in range(4)] + [_row("c", 0, 4, "failed")]
     assert _record(r, "c", 0, "tok", rows) == 5
@@ -161,7 +158,7 @@ def test_counting_a_stored_batch_never_doubles_rows_counted_live(r: redis.Redis,
     # A reconcile between the result write and the finish step, then the finish step.
     whereabouts.count_stored(store, r, "c", 0)
     whereabouts.count_stored(store, r, "c", 0)
-    assert r.eval(jobstate.FINISH_BATCH, 3, k.done, k.progress(0), k.owner(0), 0, "tok") == 1
+    assert scripts.finish_batch(r, "c", 0, "tok") == 1
     c = jobstate.counters(r, "c")
     assert (c["completed"], c["failed"], c["output_tokens"]) == (4, 1, 12)
     # The result object deleted by hand: reopening forgets exactly what the batch added.
@@ -186,10 +183,10 @@ def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis,
         finally:
             r.client_unpause()
         await rec.flush()
-        raw = r.hgetall(jobstate.Keys("fl").progress(0))
+        raw = r.hgetall(JobKeys("fl").progress(0))
         chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
         assert [x["index"] for x in read_progress(store, "fl", 0, chunks)] == [0, 1, 2]
-        r.set(jobstate.Keys("fl").owner(0), "another run")
+        r.set(JobKeys("fl").owner(0), "another run")
         rec.add(_row("fl", 0, 3))
         with pytest.raises(LostOwnership):
             await rec.flush()
@@ -199,7 +196,7 @@ def test_a_failed_progress_flush_keeps_its_rows_for_the_next(r: redis.Redis,
 
 
 class _Consumer:
-    """Records what the gate asks of Celery's consumer (its call_soon interface)."""
+    """Records what the intake asks of Celery's consumer (its call_soon interface)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -220,15 +217,15 @@ class _App:
             consume_from = {"gpu3": None, "gpu": None}
 
 
-def test_the_gate_stops_consuming_while_any_reason_holds() -> None:
+def test_the_intake_stops_consuming_while_any_reason_holds() -> None:
     consumer = _Consumer()
-    gate = ConsumerGate(consumer, _App)
-    gate.close("engine")
-    gate.close("lease")
-    gate.open("engine")
-    assert gate.closed
-    gate.open("lease")
-    assert not gate.closed
+    intake = Intake(consumer, _App)
+    intake.close("engine")
+    intake.close("lease")
+    intake.open("engine")
+    assert intake.closed
+    intake.open("lease")
+    assert not intake.closed
     assert consumer.calls == [("cancel_task_queue", "gpu3"), ("cancel_task_queue", "gpu"),
                               ("add_task_queue", "gpu3"), ("add_task_queue", "gpu")]
 
@@ -236,7 +233,7 @@ def test_the_gate_stops_consuming_while_any_reason_holds() -> None:
 def test_lease_renewal_uses_redis_time_and_touches_only_its_own_deliveries(
         r: redis.Redis) -> None:
     prefix = ownership.worker_prefix("gpu0@a", 111)
-    k = jobstate.Keys("l")
+    k = JobKeys("l")
     r.set(k.owner(0), prefix + "222|x")        # owned by this worker's pool
     r.set(k.owner(1), "gpu1@b|333|444|y")      # a stale copy: another worker owns it now
     r.zadd("unacked_index", {"t1": 1.0})
@@ -253,17 +250,17 @@ def test_lease_renewal_uses_redis_time_and_touches_only_its_own_deliveries(
     assert r.zscore("unacked_index", "t2") is None and r.hget("unacked", "t2") is None
 
 
-def test_the_lease_watchdog_closes_the_gate_while_redis_cannot_be_reached() -> None:
+def test_the_lease_watchdog_closes_the_intake_while_redis_cannot_be_reached() -> None:
     dead = redis.Redis(port=free_port(), socket_timeout=0.2, socket_connect_timeout=0.2)
     consumer = _Consumer()
-    gate = ConsumerGate(consumer, _App)
-    keeper = lease.LeaseKeeper(dead, "unacked_index", 0.05, gate=gate, watchdog_s=0.3)
+    intake = Intake(consumer, _App)
+    keeper = lease.LeaseKeeper(dead, "unacked_index", 0.05, intake=intake, watchdog_s=0.3)
     keeper.last_ok -= 1
     keeper._watch()
-    assert gate.is_closed("lease")
+    assert intake.is_closed("lease")
     keeper.last_ok = time.monotonic()
     keeper._watch()
-    assert not gate.closed
+    assert not intake.closed
 
 
 def test_an_isolating_batch_gets_the_gpu_to_itself_and_knows_who_else_runs() -> None:
@@ -374,14 +371,14 @@ def test_the_janitor_resends_a_batch_lost_in_two_rounds_and_leaves_the_rest(
     jobstate.register_job(r, "elsewhere", other.model_dump_json())
     save_spec(store, spec)
     store.put(result_key("jan", 0), encode_rows([_row("jan", 0, 0)], compress=False))
-    r.sadd(jobstate.Keys("jan").done, 0)
+    r.sadd(JobKeys("jan").done, 0)
     whereabouts.resend(r, app, spec, [1])  # batch 1 has a message; batch 2 has nothing
     janitor = Janitor(app, store, r, "gpu0@t", 60)
     assert janitor.round() == {}  # seen lost once: maybe a message in flight
     assert janitor.round() == {"jan": [2]}
     assert whereabouts.queued_batches(r, "jan") == {1, 2}
     assert janitor.round() == {}
-    r.hset(jobstate.Keys("jan").job, "state", "paused")
+    r.hset(JobKeys("jan").job, "state", "paused")
     r.delete("gpu")
     assert janitor.round() == {} and janitor.round() == {}  # a paused job is left alone
 
@@ -404,7 +401,7 @@ def test_a_forced_flush_beside_the_flusher_never_reuses_a_chunk(r: redis.Redis,
         await ar.aclose()
 
     asyncio.run(scenario())
-    raw = r.hgetall(jobstate.Keys("cf").progress(0))
+    raw = r.hgetall(JobKeys("cf").progress(0))
     chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
     assert len(set(chunks.values())) == 2
     assert [x["index"] for x in read_progress(store, "cf", 0, chunks)] == list(range(6))

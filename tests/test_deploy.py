@@ -28,8 +28,8 @@ import yaml
 from deploy import compose_gen, healthcheck, procfile_gen
 from producer.localfleet import free_port, free_port_block, start_worker, stop_process
 from tests.conftest import ROOT, run_producer, wait_done, write_prompts
-from workers.delivery import jobstate
 from workers.node import heartbeat
+from workers.redisdb.keys import NodeKeys
 
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec.json"
@@ -437,7 +437,7 @@ def test_procfile_node_and_a_second_node_finish_one_job_against_one_redis(fleet_
         wait_done(env, "twonodes", timeout_s=150)
         res = run_producer(env, "verify", "--job", "twonodes", "--json")
         assert res.returncode == 0 and orjson.loads(res.stdout)["ok"], res.stdout + res.stderr
-        rows = {n: int(client.hget(jobstate.node_stats_key(n), "rows") or 0)
+        rows = {n: int(client.hget(NodeKeys(n).stats, "rows") or 0)
                 for n in nodes_a | {node_b.node}}
         assert rows[node_b.node] > 0 and sum(rows[n] for n in nodes_a) > 0, rows
         assert "waiting 1 s before starting" in (tmp_path / "honcho.log").read_text()

@@ -9,9 +9,9 @@ import time
 import orjson
 
 from tests.conftest import run_producer, wait_done, write_prompts
-from workers.delivery import jobstate
 from workers.delivery.gpu_share import STALE_S, Claim
 from workers.delivery.hold import has_room, wanted
+from workers.redisdb.keys import NodeKeys
 
 
 def _c(tag: str, claim: int, in_flight: int, budget: int = 10, at: float = 100.0,
@@ -51,7 +51,7 @@ def test_a_worker_holds_more_batches_only_as_its_batches_run_out_of_prompts_to_s
                              FLEET_BATCHES_PER_GPU="4", FLEET_SIM_MEAN_OUTPUT_TOKENS="120")
     samples: list[list[list[dict]]] = []
     stop = threading.Event()
-    t = threading.Thread(target=_sample, args=(r, [jobstate.in_flight_key(worker.node)],
+    t = threading.Thread(target=_sample, args=(r, [NodeKeys(worker.node).in_flight],
                                                 samples, stop), daemon=True)
     t.start()
     prompts = write_prompts(tmp_path / "prompts.jsonl", 120)
@@ -77,7 +77,7 @@ def test_two_workers_share_a_job_of_two_batches(fleet_env, make_workers, tmp_pat
                            FLEET_BATCHES_PER_GPU="8")
     samples: list[list[list[dict]]] = []
     stop = threading.Event()
-    keys = [jobstate.in_flight_key(w.node) for w in workers]
+    keys = [NodeKeys(w.node).in_flight for w in workers]
     t = threading.Thread(target=_sample, args=(r, keys, samples, stop), daemon=True)
     t.start()
     prompts = write_prompts(tmp_path / "prompts.jsonl", 40)
@@ -105,15 +105,16 @@ class _Qos:
 
 
 def test_a_worker_running_its_last_rows_with_room_asks_for_another_gpus_rows(r):
-    # The job-end split's ask (workers/wiring/hold_step.py) runs whenever the hold has room
-    # for more than the worker holds: not only once it holds nothing, but also while its own
-    # batch is fully sent and its last rows leave free slots (docs/delivery.md).
+    # The job-end split's ask (workers/split/asker.py, run by workers/wiring/hold_step.py)
+    # runs whenever the hold has room for more than the worker holds: not only once it holds
+    # nothing, but also while its own batch is fully sent and its last rows leave free slots
+    # (docs/delivery.md).
     from workers.delivery.hold import ElasticHold
 
     asks: list[int] = []
     held: list[frozenset[str]] = [frozenset({"m1"})]
     hold = ElasticHold(r, "gpu0@t", _Qos, lambda: held[0], 4, lambda: asks.append(1))
-    key = jobstate.in_flight_key("gpu0@t")
+    key = NodeKeys("gpu0@t").in_flight
     now = time.time()
     r.hset(key, "j/0", _c("j/0", 40, 40, budget=51, at=now).encode())  # 11 slots free
     assert hold.tick() == 2 and asks == [1]
@@ -132,7 +133,7 @@ def test_the_consumer_loop_is_woken_once_when_a_read_becomes_allowed(r):
     wakes: list[int] = []
     held: list[frozenset[str]] = [frozenset({"m1"})]
     hold = ElasticHold(r, "gpu0@w", _Qos, lambda: held[0], 4, wake=lambda: wakes.append(1))
-    key = jobstate.in_flight_key("gpu0@w")
+    key = NodeKeys("gpu0@w").in_flight
     now = time.time()
     r.hset(key, "j/0", _c("j/0", 60, 51, budget=51, at=now).encode())  # rows still to send
     assert hold.tick() == 1 and not hold.may_take() and wakes == []

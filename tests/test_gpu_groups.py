@@ -23,11 +23,11 @@ from config.launch_profile import LaunchProfile, load_profile
 from producer.localfleet import WorkerProcess, stop_workers, wait_healthy
 from tests.conftest import ROOT, run_producer, wait_done, write_prompts
 from tests.test_delivery import _rows, _verify, _wait_for
-from workers.delivery import jobstate
 from workers.engine.capacity import EngineFlags, model_shape, plan_capacity
 from workers.engine.lifecycle import EngineSpec, ParallelismMismatch, group_profile
 from workers.node import gpu_group
 from workers.node.gpu_group import GpuGroup, GroupError, group_from_queues, parse_group
+from workers.redisdb.keys import NodeKeys, gpu_owner_key
 from workers.tune import gpu as nvml
 
 HOST = "grp"  # the host part of every node name here: one node, so the claims collide
@@ -132,11 +132,11 @@ def test_claims_are_all_or_none_and_name_the_owner(r: redis.Redis):
     gpu_group.claim(r, f"gpu0-1@{HOST}", GpuGroup((0, 1)), "gpu0-1", 30)
     with pytest.raises(GroupError, match=f"queue gpu1-2: GPU 1 is owned by gpu0-1@{HOST}"):
         gpu_group.claim(r, f"gpu1-2@{HOST}", GpuGroup((1, 2)), "gpu1-2", 30)
-    assert not r.exists(gpu_group.owner_key(HOST, 2))  # none of gpu1-2's claims was made
+    assert not r.exists(gpu_owner_key(HOST, 2))  # none of gpu1-2's claims was made
     gpu_group.claim(r, f"gpu0-1@{HOST}", GpuGroup((0, 1)), "gpu0-1", 30)  # its own: renewed
     gpu_group.claim(r, "gpu1@other", GpuGroup((1,)), "gpu1", 30)  # another node's GPU 1
     gpu_group.release(r, f"gpu1-2@{HOST}", GpuGroup((1, 2)))  # not its claims: nothing
-    assert r.get(gpu_group.owner_key(HOST, 1)) == f"gpu0-1@{HOST}".encode()
+    assert r.get(gpu_owner_key(HOST, 1)) == f"gpu0-1@{HOST}".encode()
     gpu_group.release(r, f"gpu0-1@{HOST}", GpuGroup((0, 1)))
     gpu_group.claim(r, f"gpu1-2@{HOST}", GpuGroup((1, 2)), "gpu1-2", 30)
 
@@ -266,7 +266,7 @@ def test_a_group_worker_beside_a_single_gpu_worker_finish_one_job_exactly_once(
     assert st["completed"] == 120
     report = _verify(fleet_env, "mix")
     assert report["ok"] and report["duplicates"] == 0 and report["rows"] == 120, report
-    rows = {n: int(r.hget(jobstate.node_stats_key(n), "rows") or 0)
+    rows = {n: int(r.hget(NodeKeys(n).stats, "rows") or 0)
             for n in (group.node, single.node)}
     assert all(rows.values()) and sum(rows.values()) == 120, rows
     table = run_producer(fleet_env, "status", "--job", "mix")
@@ -288,10 +288,10 @@ def test_each_refusal_is_one_line_naming_the_queue(fleet_env, start, tmp_path, r
     line = _refusal(fleet_env, "gpu1")
     assert f"queue gpu1: GPU 1 is owned by {owner.node}" in line
     assert f"owned by {owner.node}" in _refusal(fleet_env, "gpu1-2")
-    assert not r.exists(gpu_group.owner_key(HOST, 2))
+    assert not r.exists(gpu_owner_key(HOST, 2))
     assert [b["node"] for b in _live(r)] == [owner.node]  # nothing else ever ran
     owner.stop(grace_s=20)  # a warm shutdown hands the GPUs back at once
-    assert not r.exists(gpu_group.owner_key(HOST, 0))
+    assert not r.exists(gpu_owner_key(HOST, 0))
 
 
 def _live(r: redis.Redis) -> list[dict]:

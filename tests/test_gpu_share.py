@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from tests.conftest import run_producer, wait_done, write_prompts
 from workers.batch.limiter import Limiter
-from workers.delivery import jobstate
 from workers.delivery.gpu_share import STALE_S, Claim, GpuShare, allowed, in_flight_total
+from workers.redisdb.keys import NodeKeys
 
 
 def _claim(tag: str, started: float, claim: int, at: float = 100.0, in_flight: int = 0) -> Claim:
@@ -98,7 +98,7 @@ def test_two_batches_on_a_gpu_keep_one_budget_in_flight_and_overlap_tails(
     (worker,) = make_workers([0], FLEET_CLIENT_CONCURRENCY=str(budget), FLEET_SIM_SPEED="1",
                              FLEET_BATCHES_PER_GPU="2")
     url = f"http://127.0.0.1:{int(fleet_env['FLEET_ENGINE_BASE_PORT'])}"
-    sampler = _Sampler(url, r, jobstate.in_flight_key(worker.node))
+    sampler = _Sampler(url, r, NodeKeys(worker.node).in_flight)
     sampler.start()
     prompts = write_prompts(tmp_path / "prompts.jsonl", 160)
     res = run_producer(fleet_env, "enqueue", str(prompts), "--job", "share", "--batch-size",

@@ -21,6 +21,7 @@ from producer.localfleet import free_port, stop_process
 from tests.conftest import run_producer, wait_done, write_prompts
 from workers.dataset.jobs import decode_rows, result_key
 from workers.dataset.store import LocalStore
+from workers.redisdb.keys import JobKeys, NodeKeys
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -228,7 +229,6 @@ def test_an_idle_engine_shows_no_tokens_per_sec_and_its_current_load(r, tmp_path
     token counter rose within the rate window (a worker that cannot read its engine keeps
     the window's rate), and each engine reading carries its time."""
     from tests.simproc import launch
-    from workers.delivery import jobstate
     from workers.observe.gauges import WorkerWatch
 
     sim = launch(tmp_path, ["--model-path", "Qwen/Qwen3-0.6B", "--context-length", "4096",
@@ -239,7 +239,7 @@ def test_an_idle_engine_shows_no_tokens_per_sec_and_its_current_load(r, tmp_path
         blind = WorkerWatch(f"http://127.0.0.1:{free_port()}", r, "gpu0@idle", 1.0, 60.0)
         for watch in (idle, blind):
             watch.tick()
-        r.hset(jobstate.node_stats_key("gpu0@idle"), "output_tokens", 5000)
+        r.hset(NodeKeys("gpu0@idle").stats, "output_tokens", 5000)
         time.sleep(0.2)
         for watch in (idle, blind):
             watch.tick()
@@ -267,9 +267,9 @@ def test_after_the_end_a_beat_whose_engine_reading_is_older_shows_no_load(r) -> 
                    input_fingerprint="f")
     jobstate.register_job(r, "end", spec.model_dump_json())
     end = time.time()
-    r.hset(jobstate.Keys("end").job, mapping={"last_row_at": end, "first_taken_at": end - 5})
-    r.sadd(jobstate.Keys("end").done, 0)
-    r.hset(jobstate.Keys("end").stats, mapping={"completed": 4})
+    r.hset(JobKeys("end").job, mapping={"last_row_at": end, "first_taken_at": end - 5})
+    r.sadd(JobKeys("end").done, 0)
+    r.hset(JobKeys("end").stats, mapping={"completed": 4})
     beat = {"node": "gpu0@t", "gpu": 0, "engine": "sim", "profile": "p",
             "engine_state": "healthy", "engine_restarts": 0, "batches_running": 1,
             "tokens_per_sec": 170.0, "output_tokens": 40, "running": 39, "cap": 40, "queued": 1,

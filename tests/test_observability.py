@@ -31,13 +31,13 @@ from producer.report import PLOTS, build_report
 from workers.dataset.jobs import JobSpec, encode_rows, result_key, save_spec
 from workers.dataset.store import open_store
 from workers.delivery import jobstate
-from workers.delivery.jobstate import node_prompts_key
 from workers.delivery.progress import BatchEnv, ProgressRecorder
 from workers.engine.lifecycle import EngineState
 from workers.node.context import WorkerIdentity
 from workers.observe.events import BATCH_TASK, TaskProgress, format_task, worker_info
 from workers.observe.gauges import KEEP_LAST_S, EngineSample, RateWindow, WorkerWatch, sample_from
 from workers.observe.metrics import Exporter, FleetCollector, record_batch
+from workers.redisdb.keys import JobKeys, NodeKeys
 from workers.sim.report import SimMetrics
 from workers.wiring.celery_app import make_app
 
@@ -115,8 +115,8 @@ def _families(text: str) -> dict[str, Any]:
 
 def test_exporter_serves_counters_from_redis_and_engine_gauges(r: redis.Redis,
                                                                redis_server: RedisServer):
-    r.hset(jobstate.node_stats_key(NODE), mapping={"output_tokens": 4321, "rows": 7})
-    r.hset(node_prompts_key(NODE), mapping={"ok": 5, "failed": 1, "quarantined": 1})
+    r.hset(NodeKeys(NODE).stats, mapping={"output_tokens": 4321, "rows": 7})
+    r.hset(NodeKeys(NODE).prompts, mapping={"ok": 5, "failed": 1, "quarantined": 1})
 
     async def batches() -> None:
         client = aioredis.from_url(redis_server.url)
@@ -174,7 +174,7 @@ def test_progress_recorder_counts_each_kind_once_and_reports_progress(r, redis_s
 
     async def record() -> None:
         env = _env(redis_server.url, tmp_path, hook)
-        r.set(jobstate.Keys("obs").owner(0), "n|1|2|tok")  # the recorder's run owns the batch
+        r.set(JobKeys("obs").owner(0), "n|1|2|tok")  # the recorder's run owns the batch
         rec = ProgressRecorder(env, "obs", 0, "n|1|2|tok")
         for i, kind in enumerate(("ok", "ok", "truncated", "failed", "quarantined")):
             rec.add(_row(i, kind))
@@ -184,11 +184,11 @@ def test_progress_recorder_counts_each_kind_once_and_reports_progress(r, redis_s
         await env.redis.aclose()
 
     asyncio.run(record())
-    kinds = {k.decode(): int(v) for k, v in r.hgetall(node_prompts_key(NODE)).items()}
+    kinds = {k.decode(): int(v) for k, v in r.hgetall(NodeKeys(NODE).prompts).items()}
     assert kinds == {"ok": 2, "truncated": 1, "failed": 1, "quarantined": 1}
     c = jobstate.counters(r, "obs")
     assert (c["completed"], c["failed"], c["truncated"], c["output_tokens"]) == (3, 1, 1, 30)
-    assert int(r.hget(jobstate.Keys("obs").stats, "quarantined")) == 1
+    assert int(r.hget(JobKeys("obs").stats, "quarantined")) == 1
     assert seen == [(5, 30), (1, 10)]
 
 
@@ -304,7 +304,7 @@ def test_report_writes_markdown_summary_and_non_empty_pngs(r, redis_server, tmp_
 
     async def record() -> None:
         env = _env(redis_server.url, tmp_path)
-        r.set(jobstate.Keys("obs").owner(0), "n|1|2|tok")
+        r.set(JobKeys("obs").owner(0), "n|1|2|tok")
         rec = ProgressRecorder(env, "obs", 0, "n|1|2|tok")
         for row in rows:
             rec.add(row)
@@ -313,7 +313,7 @@ def test_report_writes_markdown_summary_and_non_empty_pngs(r, redis_server, tmp_
 
     asyncio.run(record())
     store.put(result_key("obs", 0), encode_rows(rows, compress=False))
-    r.sadd(jobstate.Keys("obs").done, 0)
+    r.sadd(JobKeys("obs").done, 0)
     out = tmp_path / "report"
     summary = build_report(r, store, spec, out)
     # Exactly the plots docs/observability.md counts (tests/test_newcomer.py checks the docs).
@@ -344,9 +344,9 @@ def test_the_status_of_a_done_job_shows_no_batches_running_nor_a_queue(r: redis.
                    input_fingerprint="f")
     jobstate.register_job(r, "fin", spec.model_dump_json())
     end = _time.time()
-    r.hset(jobstate.Keys("fin").job, mapping={"last_row_at": end, "first_taken_at": end - 5})
-    r.sadd(jobstate.Keys("fin").done, 0)
-    r.hset(jobstate.Keys("fin").stats, mapping={"completed": 4})
+    r.hset(JobKeys("fin").job, mapping={"last_row_at": end, "first_taken_at": end - 5})
+    r.sadd(JobKeys("fin").done, 0)
+    r.hset(JobKeys("fin").stats, mapping={"completed": 4})
     beat = {"node": NODE, "gpu": 0, "engine": "sim", "profile": "p", "engine_state": "healthy",
             "engine_restarts": 0, "batches_running": 1, "tokens_per_sec": 10.0,
             "output_tokens": 40, "running": 40, "cap": 40, "queued": 9, "updated_at": end - 1}

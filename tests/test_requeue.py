@@ -24,8 +24,8 @@ from workers.dataset.quality import job_options, judge
 from workers.dataset.samples import row_key
 from workers.dataset.store import LocalStore
 from workers.dataset.verify import stored_batches
-from workers.delivery import jobstate
 from workers.delivery.job_progress import dataset_state
+from workers.redisdb.keys import JobKeys
 
 
 def _store(env: dict[str, str]) -> LocalStore:
@@ -45,7 +45,7 @@ def _rows(store: LocalStore, job: str) -> dict[str, dict]:
 def _wait_dataset(r: redis.Redis, job: str, want: str, timeout_s: float = 180) -> None:
     """Until the job's data set is ``want`` (``committed v2``), as the sink's hash says."""
     deadline, got = time.monotonic() + timeout_s, None
-    while (got := dataset_state(r.hgetall(jobstate.Keys(job).sink))[0]) != want:
+    while (got := dataset_state(r.hgetall(JobKeys(job).sink))[0]) != want:
         assert time.monotonic() < deadline, f"job {job}: data set {got}, not {want}"
         time.sleep(0.3)
 
@@ -101,7 +101,7 @@ def test_requeue_where_near_empty_repairs_a_tenth_of_the_rows_under_a_killed_nod
     # A slow node takes the requeued batches and dies (its whole process group) mid-requeue.
     (slow,) = make_workers([1], **{**fast, "FLEET_SIM_SPEED": "0.5"})
     deadline = time.monotonic() + 90
-    while not any(r.hlen(jobstate.Keys("rep").progress(b)) > kept_in[b] for b in range(5)):
+    while not any(r.hlen(JobKeys("rep").progress(b)) > kept_in[b] for b in range(5)):
         assert time.monotonic() < deadline, "no requeued row regenerated"
         time.sleep(0.1)
     assert len(stored_batches(store, "rep")) < 5  # mid-requeue
@@ -150,7 +150,7 @@ def test_a_job_told_to_pause_pauses_within_one_batch_of_its_live_gate_failing(
     time.sleep(6)
     settled = orjson.loads(run_producer(env, "status", "--job", "stop", "--json").stdout)
     assert settled["state"] == "paused"
-    live_rows = int(r.hget(jobstate.Keys("stop").quality, "rows"))
+    live_rows = int(r.hget(JobKeys("stop").quality, "rows"))
     stored = len(stored_batches(_store(env), "stop"))
     # The gate fails once the tally holds 30 rows (in the second batch at the latest): what
     # ran after it is the batches in flight then, one per running batch at most.

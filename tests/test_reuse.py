@@ -23,6 +23,7 @@ from workers.dataset.store import LocalStore
 from workers.delivery import jobstate
 from workers.delivery.progress import read_progress
 from workers.errors import JobError
+from workers.redisdb.keys import JobKeys
 
 
 def test_enqueue_reuse_from_stores_whole_batches_and_prefills_partial_ones(fleet_env, tmp_path, r):
@@ -69,7 +70,7 @@ def test_enqueue_reuse_from_stores_whole_batches_and_prefills_partial_ones(fleet
     assert [x["index"] for x in batch0] == list(range(20))
     assert all(x["job"] == "new" and x["reused_from"] == "old" for x in batch0)
     assert [x["completion"] for x in batch0] == [olds[i]["completion"] for i in range(20)]
-    keys = jobstate.Keys("new")
+    keys = JobKeys("new")
     assert sorted(int(i) for i in r.hkeys(keys.progress(1))) == [
         i for i in range(20, 40) if i != 25
     ]
@@ -103,7 +104,7 @@ def test_reuse_needs_same_sampling_and_profile_and_matches_repeats_once(tmp_path
     new = make_job(store, "dst", rows, batch_size=10, missing=(0,))
     report = apply_reuse(store, r, new, "src", "qwen36-27b")
     assert (report.rows, report.batches, report.partial_batches) == (3, 0, 1)
-    raw = r.hgetall(jobstate.Keys("dst").progress(0))
+    raw = r.hgetall(JobKeys("dst").progress(0))
     chunks = {parse_unit_key(i): c.decode() for i, c in raw.items()}
     got = {x["index"]: x for x in read_progress(store, "dst", 0, chunks)}
     assert sorted(got) == [0, 1, 3]  # two of three repeats: src has two finished copies
@@ -175,7 +176,7 @@ def test_reuse_works_per_sample(tmp_path, r):
     more = make_job(store, "dst4", prompt_rows(4), batch_size=10, missing=(0,), sampling=four)
     report = apply_reuse(store, r, more, "src3", "qwen36-27b")
     assert (report.rows, report.batches, report.partial_batches) == (12, 0, 1)
-    fields = {parse_unit_key(k) for k in r.hkeys(jobstate.Keys("dst4").progress(0))}
+    fields = {parse_unit_key(k) for k in r.hkeys(JobKeys("dst4").progress(0))}
     assert fields == {(i, s) for i in range(4) for s in range(3)}  # sample 3 is generated
 
 
@@ -196,5 +197,5 @@ def test_requeue_failed_redoes_the_failed_samples_only(tmp_path, r, redis_server
     store.put(result_key("rq3", 0), encode_rows(rows, compress=False))
     report = requeue_failed(store, r, Celery("t", broker=redis_server.url), spec, False, None)
     assert report.rows == 1 and not store.exists(result_key("rq3", 0))
-    fields = {parse_unit_key(k) for k in r.hkeys(jobstate.Keys("rq3").progress(0))}
+    fields = {parse_unit_key(k) for k in r.hkeys(JobKeys("rq3").progress(0))}
     assert fields == {(i, s) for i in range(4) for s in range(3)} - {(1, 1)}

@@ -18,6 +18,7 @@ from workers.dataset.jobs import JobSpec, PromptRow, SamplingSpec
 from workers.dataset.samples import parse_unit_key, row_samples, sample_seed, unit_key
 from workers.engine.sampling import SamplingError, translate
 from workers.errors import InputError
+from workers.redisdb.keys import JobKeys
 
 
 def test_unit_keys_keep_a_one_sample_job_keyed_by_index() -> None:
@@ -170,7 +171,6 @@ def test_a_batch_killed_halfway_through_its_samples_stores_each_once(
     import signal
     import time
 
-    from workers.delivery import jobstate
 
     src = _jsonl(tmp_path / "in.jsonl", [{"id": f"k{i}", "prompt": f"Kill test {i}", "ref": i}
                                          for i in range(8)])
@@ -181,7 +181,7 @@ def test_a_batch_killed_halfway_through_its_samples_stores_each_once(
     assert res.returncode == 0, res.stderr
     # Answered samples reach the progress hash at each spill (every 5 s): the batch must run
     # longer than that for the kill to fall between its samples.
-    progress = jobstate.Keys("half").progress(0)
+    progress = JobKeys("half").progress(0)
     deadline = time.monotonic() + 60
     while r.hlen(progress) < 12 and time.monotonic() < deadline:
         time.sleep(0.05)

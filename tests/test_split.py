@@ -16,8 +16,10 @@ import redis.asyncio as aioredis
 from tests.conftest import run_producer, wait_done, write_prompts
 from tests.test_delivery import _rows, _verify, _wait_for
 from tests.test_delivery_ops import _pool_children
-from workers.delivery import jobstate, split
 from workers.delivery.gpu_share import Claim
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys, NodeKeys
+from workers.split import asker, owner
 
 
 def _aio(r: redis.Redis) -> aioredis.Redis:
@@ -25,37 +27,35 @@ def _aio(r: redis.Redis) -> aioredis.Redis:
 
 
 def _record(r: redis.Redis, job: str, batch: int, fence: str, token: str, index: int) -> int:
-    keys = jobstate.record_keys(job, batch, jobstate.node_stats_key("n"), fence)
     row = orjson.dumps({"index": index})
-    args = jobstate.record_args(batch, "n", token, [(index, row, "ok", 3)])
-    return int(r.eval(jobstate.RECORD_ROWS, len(keys), *keys, *args))
+    return int(scripts.record_rows(r, job, batch, "n", token, [(index, row, "ok", 3)], fence))
 
 
 def test_a_grant_is_fenced_by_the_owner_and_a_part_records_only_while_it_lives(r):
     async def scenario() -> None:
         ar = _aio(r)
-        r.set(jobstate.Keys("s").owner(0), "owner-tok")
-        req = await split.request_rows(ar, "s", 0, "part-tok")
+        r.set(JobKeys("s").owner(0), "owner-tok")
+        req = await asker.request_rows(ar, "s", 0, "part-tok")
         assert req is not None
-        assert await split.request_rows(ar, "s", 0, "other-tok") is None  # one at a time
+        assert await asker.request_rows(ar, "s", 0, "other-tok") is None  # one at a time
         # A run that does not own the batch cannot grant; the request stays open.
-        assert await split.grant(ar, "s", 0, "stale-tok", req, ["5", "6"], 30) == -1
-        assert await split.open_request(ar, "s", 0) == req
-        assert await split.grant(ar, "s", 0, "owner-tok", req, ["5", "6"], 30) == 1
-        assert await split.open_request(ar, "s", 0) is None
-        assert await split.await_grant(ar, "s", 0, req, 1) == {"5", "6"}
-        assert await split.live_part_rows(ar, "s", 0) == {"5", "6"}
-        pkey = split.part_key("s", 0, req.part)
+        assert await owner.grant(ar, "s", 0, "stale-tok", req, ["5", "6"], 30) == -1
+        assert await owner.open_request(ar, "s", 0) == req
+        assert await owner.grant(ar, "s", 0, "owner-tok", req, ["5", "6"], 30) == 1
+        assert await owner.open_request(ar, "s", 0) is None
+        assert await asker.await_grant(ar, "s", 0, req, 1) == {"5", "6"}
+        assert await owner.live_part_rows(ar, "s", 0) == {"5", "6"}
+        pkey = JobKeys("s").part(0, req.part)
         # The part records through its own claim, never through the batch's owner key.
         assert _record(r, "s", 0, pkey, "part-tok", 5) == 1
         assert _record(r, "s", 0, None, "part-tok", 6) == -1
         r.delete(pkey)  # the part's claim lapsed (its worker was killed or froze)
-        assert await split.live_part_rows(ar, "s", 0) == frozenset()
+        assert await owner.live_part_rows(ar, "s", 0) == frozenset()
         assert _record(r, "s", 0, pkey, "part-tok", 6) == -1
         assert _record(r, "s", 0, None, "owner-tok", 6) == 1
         # The part's row 5 and the owner's row 6, each once.
-        assert sorted(r.hkeys(jobstate.Keys("s").progress(0))) == [b"5", b"6"]
-        await split.drop_parts(ar, "s", 0)
+        assert sorted(r.hkeys(JobKeys("s").progress(0))) == [b"5", b"6"]
+        await owner.drop_parts(ar, "s", 0)
         assert not r.keys("fleet:job:s:part*")
         await ar.aclose()
 
@@ -65,14 +65,14 @@ def test_a_grant_is_fenced_by_the_owner_and_a_part_records_only_while_it_lives(r
 def test_an_unanswered_request_is_withdrawn_and_a_refused_one_ends_at_once(r):
     async def scenario() -> None:
         ar = _aio(r)
-        req = await split.request_rows(ar, "u", 1, "tok")
+        req = await asker.request_rows(ar, "u", 1, "tok")
         t0 = time.monotonic()
-        assert await split.await_grant(ar, "u", 1, req, 0.3) == frozenset()
-        assert time.monotonic() - t0 >= 0.3 and await split.open_request(ar, "u", 1) is None
-        req = await split.request_rows(ar, "u", 1, "tok")
-        await split.refuse(ar, "u", 1, req)
+        assert await asker.await_grant(ar, "u", 1, req, 0.3) == frozenset()
+        assert time.monotonic() - t0 >= 0.3 and await owner.open_request(ar, "u", 1) is None
+        req = await asker.request_rows(ar, "u", 1, "tok")
+        await owner.refuse(ar, "u", 1, req)
         t0 = time.monotonic()
-        assert await split.await_grant(ar, "u", 1, req, 5) == frozenset()
+        assert await asker.await_grant(ar, "u", 1, req, 5) == frozenset()
         assert time.monotonic() - t0 < 1
         await ar.aclose()
 
@@ -91,11 +91,11 @@ def test_the_batch_to_split_is_another_nodes_live_one_with_the_most_unsent_rows(
         "b": [claim("j/3", 70, 40), claim("j/3+p1", 400, 0), claim("j/4", 300, 0, at=now - 60)],
         "c": [claim("a/b/7", 42, 40)],
     }
-    found = split.choose(claims, "me", 4, now)
+    found = asker.choose(claims, "me", 4, now)
     assert (found.job, found.batch, found.node, found.unsent) == ("j", 3, "b", 30)
-    assert split.choose(claims, "me", 31, now) is None
-    assert split.choose({"c": claims["c"]}, "me", 2, now).job == "a/b"
-    assert split.rows_to_move(60, 40) == 50 and split.rows_to_move(10, 40) == 10
+    assert asker.choose(claims, "me", 31, now) is None
+    assert asker.choose({"c": claims["c"]}, "me", 2, now).job == "a/b"
+    assert owner.rows_to_move(60, 40) == 50 and owner.rows_to_move(10, 40) == 10
 
 
 N = 120
@@ -125,8 +125,8 @@ def _exactly_once(env: dict[str, str], job: str, n: int) -> list[dict]:
 
 def _part_answering(r: redis.Redis, job: str, node: str) -> None:
     """Until a part is granted and ``node`` (which holds no batch) has answered rows of it."""
-    _wait_for(lambda: r.scard(split.parts_key(job, 0)) >= 1, 60, "a part granted")
-    _wait_for(lambda: int(r.hget(jobstate.node_stats_key(node), "rows") or 0) >= 5, 60,
+    _wait_for(lambda: r.scard(JobKeys(job).parts(0)) >= 1, 60, "a part granted")
+    _wait_for(lambda: int(r.hget(NodeKeys(node).stats, "rows") or 0) >= 5, 60,
               "the part's first rows recorded")
 
 
@@ -143,7 +143,7 @@ def test_an_idle_gpu_takes_the_unsent_rows_of_the_last_batch(fleet_env, make_wor
     assert splits["splits"]["parts"] >= 1 and splits["splits"]["rows"] == by_node[b.node]
     table = run_producer(fleet_env, "status", "--job", "sp").stdout
     assert f"{by_node[b.node]} rows to idle GPUs" in table, table
-    assert not r.keys("fleet:job:sp:part*") and not r.exists(split.request_key("sp", 0))
+    assert not r.keys("fleet:job:sp:part*") and not r.exists(JobKeys("sp").split_request(0))
 
 
 @pytest.mark.parametrize("victim", ["part", "owner"])
@@ -169,7 +169,7 @@ def test_a_part_frozen_past_its_lease_gives_its_rows_back_and_is_not_taken_again
              "FLEET_SWEEP_INTERVAL_S": "1"}
     a, b = _two_workers(make_workers, fleet_env, tmp_path, r, "fz", **lease)
     _part_answering(r, "fz", b.node)
-    parts = {p.decode() for p in r.smembers(split.parts_key("fz", 0))}
+    parts = {p.decode() for p in r.smembers(JobKeys("fz").parts(0))}
     frozen = [b.proc.pid, *_pool_children(b.proc.pid)]
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
@@ -182,7 +182,7 @@ def test_a_part_frozen_past_its_lease_gives_its_rows_back_and_is_not_taken_again
     # owner's next pass sends those rows. B may ask for a new part of what is still unsent.
     for _ in range(6):
         time.sleep(0.5)
-        assert not any(r.exists(split.part_key("fz", 0, p)) for p in parts), "a part came back"
+        assert not any(r.exists(JobKeys("fz").part(0, p)) for p in parts), "a part came back"
     wait_done(fleet_env, "fz", timeout_s=150)
     _exactly_once(fleet_env, "fz", N)
 
@@ -190,6 +190,6 @@ def test_a_part_frozen_past_its_lease_gives_its_rows_back_and_is_not_taken_again
 async def _live(r: redis.Redis, job: str) -> frozenset[str]:
     ar = _aio(r)
     try:
-        return await split.live_part_rows(ar, job, 0)
+        return await owner.live_part_rows(ar, job, 0)
     finally:
         await ar.aclose()

@@ -22,6 +22,7 @@ from config.launch_profile import load_profile
 from workers.dataset.jobs import JobSpec, SamplingSpec, encode_rows, input_key, result_key
 from workers.dataset.store import LocalStore
 from workers.delivery import jobstate
+from workers.redisdb.keys import NodeKeys
 from workers.tune import kv_floor, snapshot
 from workers.tune.diagnose import diagnose
 from workers.tune.flags import apply_changes
@@ -195,7 +196,7 @@ def test_the_running_jobs_lengths_come_from_the_fleets_records(r: redis.Redis, t
     spec = JobSpec(name="traces", total=6, batch_size=3, n_batches=2, input_path="x",
                    input_fingerprint="f", sampling=SamplingSpec(max_new_tokens=7000))
     jobstate.register_job(r, "traces", spec.model_dump_json())
-    r.hset(jobstate.in_flight_key("gpu0@host"), "traces/1", b"{}")
+    r.hset(NodeKeys("gpu0@host").in_flight, "traces/1", b"{}")
     # Nothing finished yet: max_new_tokens only, every row to it.
     section = job_section(r, "gpu0@host", store)
     assert section == {"name": "traces", "max_new_tokens": 7000, "batch_size": 3}
@@ -218,7 +219,7 @@ def test_the_running_jobs_lengths_come_from_the_fleets_records(r: redis.Redis, t
     store.put(input_key("batchapi", 0), encode_rows(
         [{"index": i, "id": str(i), "prompt": "p", "params": {"max_tokens": m}}
          for i, m in enumerate((120, 400, 90))], compress=True))
-    r.hset(jobstate.in_flight_key("gpu1@host"), "batchapi/0", b"{}")
+    r.hset(NodeKeys("gpu1@host").in_flight, "batchapi/0", b"{}")
     assert job_section(r, "gpu1@host", store)["max_new_tokens"] == 400
 
 
@@ -289,7 +290,7 @@ def test_the_snapshot_says_how_many_prompts_a_worker_can_hold(r: redis.Redis, tm
     spec = JobSpec(name="held", total=100, batch_size=50, n_batches=2, input_path="x",
                    input_fingerprint="f", sampling=SamplingSpec(max_new_tokens=400))
     jobstate.register_job(r, "held", spec.model_dump_json())
-    r.hset(jobstate.in_flight_key("gpu0@host"), "held/0", b"{}")
+    r.hset(NodeKeys("gpu0@host").in_flight, "held/0", b"{}")
     settings = load_settings().model_copy(update={"store_url": (tmp_path / "s").as_uri()})
     section = running_job_section(settings, r, "gpu0@host")
     assert section is not None

@@ -69,7 +69,7 @@ class Shape:
 
 
 # Few large batches sent a few rows at a time: when the queue runs dry, batches still hold
-# unsent rows, so idle GPUs split them (workers/delivery/split.py) while the faults and the
+# unsent rows, so idle GPUs split them (workers/split/) while the faults and the
 # operator's actions go on. Every third seed of ``make_schedule`` draws this shape.
 # Three batches of unequal rows on two GPUs (main: 2 x 60 with the too-long rows, side: 24
 # prompts x 3 samples = 72), sent 3 at a time, so whichever GPU sends its last batch first

@@ -12,17 +12,20 @@ from redis.exceptions import RedisError
 from workers.batch.units import units
 from workers.dataset.jobs import JobSpec, PromptRow, encode_rows, result_key
 from workers.dataset.samples import parse_unit_key, row_unit
-from workers.delivery import jobstate, sink_requests, split
+from workers.delivery import sink_requests
 from workers.delivery.ownership import LostOwnership, Ownership
 from workers.delivery.progress import BatchEnv, drop_progress, read_progress
 from workers.errors import StoreError
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
+from workers.split import owner as owner_side
 
 
 async def collect(env: BatchEnv, spec: JobSpec, batch: int, rows: list[PromptRow]
                   ) -> list[dict[str, Any]]:
     """Every answered row, read from the chunks the progress hash names for its index; a row
     missing from it is a StoreError (the run never writes a result without every row)."""
-    raw = await env.redis.hgetall(jobstate.Keys(spec.name).progress(batch))
+    raw = await env.redis.hgetall(JobKeys(spec.name).progress(batch))
     out = await asyncio.to_thread(read_progress, env.store, spec.name, batch,
                                   {parse_unit_key(i): c.decode() for i, c in raw.items()})
     expected = [(u.index, u.sample) for u in units(spec, rows)]
@@ -44,15 +47,13 @@ async def finish(env: BatchEnv, spec: JobSpec, batch: int, rows: list[PromptRow]
         raise LostOwnership(f"batch {spec.name}/{batch} is owned by another run")
     data = encode_rows(out, compress=False)
     await asyncio.to_thread(env.store.put, result_key(spec.name, batch), data)
-    keys = jobstate.Keys(spec.name)
-    finished = await env.redis.eval(jobstate.FINISH_BATCH, 3, keys.done, keys.progress(batch),
-                                    keys.owner(batch), batch, owner.token)
+    finished = await scripts.finish_batch(env.redis, spec.name, batch, owner.token)
     if not finished:
         raise LostOwnership(f"batch {spec.name}/{batch} was taken over while its result was "
                             "written (the new owner writes it again)")
     await asyncio.to_thread(drop_progress, env.store, spec.name, batch)
     try:
-        await split.drop_parts(env.redis, spec.name, batch)
+        await owner_side.drop_parts(env.redis, spec.name, batch)
     except (RedisError, OSError):
         pass  # the part lists expire by themselves
     await sink_requests.trigger_when_done(env.redis, current_app, spec, env.settings)

@@ -34,20 +34,20 @@ from workers.aio import cancel_and_wait
 from workers.batch import results
 from workers.batch.limiter import Limiter
 from workers.batch.prompt_sampling import sampling_for
-from workers.batch.splitting import RowSplitter
 from workers.batch.stopping import StopWatch
 from workers.batch.units import EngineDown, Unit, gather_or_cancel, units
 from workers.dataset.jobs import JobSpec, PromptRow
 from workers.dataset.samples import parse_unit_key
-from workers.delivery import jobstate, split
 from workers.delivery.crashes import CrashTracker
 from workers.delivery.gpu_share import GpuShare
 from workers.delivery.ownership import Ownership
 from workers.delivery.progress import BatchEnv, ProgressRecorder, result_row
-from workers.delivery.split import PART_MARK, Part
 from workers.engine.client import Completion, EngineClient
 from workers.errors import EngineError, EngineUnavailable, PromptRejected
+from workers.redisdb.keys import JobKeys
 from workers.retry import RetryPolicy, backoff_s
+from workers.split.owner import RowSplitter, live_part_rows
+from workers.split.protocol import Part, share_tag
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class BatchRunner:
                  owner: Ownership, part: Part | None = None) -> None:
         s = env.settings
         self.env, self.spec, self.batch, self.rows, self.owner = env, spec, batch, rows, owner
-        self.part = part  # a part of another GPU's batch (workers/delivery/split.py)
+        self.part = part  # a part of another GPU's batch (workers/split/)
         self.policy = RetryPolicy(s.retry_max_attempts, s.retry_base_s, s.retry_max_s)
         self.recorder = ProgressRecorder(env, spec.name, batch, owner.token, spec,
                                          fence=owner.key if part else None, rows=rows)
@@ -77,8 +77,7 @@ class BatchRunner:
         self._warm: dict[int, asyncio.Future[None]] = {}  # prompt index -> its prefill
         self.budget = 0  # requests in flight on this GPU, shared with its other batches
         self.limiter = Limiter(0)
-        self._tag = f"{spec.name}/{batch}" + (f"{PART_MARK}{part.id}" if part else "")
-        self.share = GpuShare(env.redis, env.me.node, self._tag)
+        self.share = GpuShare(env.redis, env.me.node, share_tag(spec.name, batch, part))
         self._engine_wait: asyncio.Task[bool] | None = None
         self._crash_restarts = 0
         self._blame_all = True  # in isolation only a lone suspect is blamed for a crash
@@ -250,12 +249,12 @@ class BatchRunner:
     async def _pending_rows(self) -> tuple[list[Unit], bool]:
         """The units without an outcome this run sends now, and whether a live part of the
         batch holds others (then the run waits for it)."""
-        keys = jobstate.Keys(self.spec.name)
+        keys = JobKeys(self.spec.name)
         have = set(await self.env.redis.hkeys(keys.progress(self.batch)))
         deaths = int(await self.env.redis.hget(keys.child_deaths, self.batch) or 0)
         limit = self.env.settings.batch_child_deaths
         held = (frozenset() if self.part else
-                await split.live_part_rows(self.env.redis, self.spec.name, self.batch))
+                await live_part_rows(self.env.redis, self.spec.name, self.batch))
         todo, parted = [], False
         for row in units(self.spec, self.rows):
             if row.key.encode() in have or (self.part and row.key not in self.part.rows):

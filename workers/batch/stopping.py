@@ -11,9 +11,9 @@ from redis.exceptions import RedisError
 
 from workers.aio import cancel_and_wait
 from workers.batch.units import HandBack, JobStopped
-from workers.delivery import jobstate
 from workers.delivery.ownership import Ownership
 from workers.delivery.progress import BatchEnv
+from workers.redisdb.keys import JobKeys, NodeKeys
 
 
 class StopWatch:
@@ -41,8 +41,8 @@ class StopWatch:
         claim's keeper bounds how long the run goes on without Redis)."""
         try:
             state, handback = await asyncio.gather(
-                self.env.redis.hget(jobstate.Keys(self.job).job, "state"),
-                self.env.redis.exists(jobstate.handback_key(self.env.me.node)))
+                self.env.redis.hget(JobKeys(self.job).job, "state"),
+                self.env.redis.exists(NodeKeys(self.env.me.node).handback))
         except (RedisError, OSError):
             return None
         if state == b"cancelled":

@@ -120,12 +120,6 @@ def check_job_name(name: str) -> str:
     return name
 
 
-def redis_job_key(job: str) -> str:
-    """Prefix of the job's Redis keys (``fleet:job:{job}``; every name is in
-    :class:`workers.delivery.jobstate.Keys`, the sink's lock beside them)."""
-    return f"fleet:job:{job}"
-
-
 def job_key(job: str) -> str:
     """Store key of the job record."""
     return f"jobs/{job}/job.json"

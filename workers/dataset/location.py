@@ -27,8 +27,8 @@ from urllib.parse import unquote, urlparse, urlsplit
 import redis
 
 from config.settings import Settings
-from workers.dataset.jobs import redis_job_key
 from workers.errors import JobError
+from workers.redisdb.keys import JobKeys
 
 # Compose service names of a store that runs on the node (deploy/compose_gen.py: minio).
 NODE_SERVICES = frozenset({"minio", "localhost"})
@@ -111,7 +111,7 @@ def canonical(url: str) -> str:
 def recorded_store(r: redis.Redis, job: str) -> str | None:
     """The store URL ``enqueue`` recorded for ``job`` (None: unknown to Redis, or a job
     enqueued before stores were recorded). Raises redis errors."""
-    raw = r.hget(redis_job_key(job), "store_url")
+    raw = r.hget(JobKeys(job).job, "store_url")
     return raw.decode() if raw else None
 
 

@@ -7,9 +7,8 @@ are one step): an owner whose lock expired never extends or deletes a lock anoth
 since. :meth:`SinkLock.check` raises :class:`LockLost` when renewal found the lock gone; the
 sink calls it before its commit (the manifest write) and before deleting anything.
 
-Its Lua scripts are the fleet's one implementation of a token-checked key: batch ownership
-(workers/delivery/ownership.py) renews and releases its claims with :data:`TAKE_OR_KEEP` and
-:data:`RELEASE` too.
+The token checks are the fleet's one implementation of a token-checked key
+(workers/redisdb/scripts.py), which batch ownership (workers/delivery/ownership.py) uses too.
 """
 
 from __future__ import annotations
@@ -21,50 +20,16 @@ from types import TracebackType
 
 import redis
 
-from workers.dataset.jobs import redis_job_key
 from workers.errors import FleetError
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 log = logging.getLogger(__name__)
 
 LOCK_TTL_S = 60.0
 
-# KEYS: the key[, a set]; ARGV: token, ttl ms[, member]. Keep the key if it holds our token
-# (extend it), else take it if it is free, unless the optional set holds the member (a batch
-# already done). 1: ours now, 0: held by another (or blocked).
-TAKE_OR_KEEP = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if cur then return 0 end
-if #KEYS > 1 and redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-# KEYS: the key; ARGV: token, ttl ms. Extend the key only while it holds our token.
-EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-# KEYS: the key; ARGV: token. Delete the key only while it holds our token (1: deleted).
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
 class LockLost(FleetError):
     """The lock expired or was taken by another run while its owner worked."""
-
-
-def lock_key(job: str) -> str:
-    """Redis key of a job's data-set lock."""
-    return f"{redis_job_key(job)}:sink:lock"
 
 
 class SinkLock:
@@ -72,7 +37,7 @@ class SinkLock:
 
     def __init__(self, r: redis.Redis, job: str, token: str, ttl_s: float = LOCK_TTL_S) -> None:
         self.r, self.job, self.token, self.ttl_s = r, job, token, ttl_s
-        self.key = lock_key(job)
+        self.key = JobKeys(job).sink_lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost = False
@@ -85,7 +50,7 @@ class SinkLock:
 
     def try_acquire(self) -> bool:
         """Take the lock (or take back our own); False when another owner holds it."""
-        got = bool(self.r.eval(TAKE_OR_KEEP, 1, self.key, self.token, self._ttl_ms()))
+        got = bool(scripts.take_or_keep(self.r, self.key, self.token, self._ttl_ms()))
         if got:
             self._lost = False
             self._start_renewal()
@@ -112,7 +77,7 @@ class SinkLock:
         last_ok = time.monotonic()
         while not self._stop.wait(self.ttl_s / 3):
             try:
-                if not self.r.eval(EXTEND, 1, self.key, self.token, self._ttl_ms()):
+                if not scripts.extend_if_owner(self.r, self.key, self.token, self._ttl_ms()):
                     self._lost = True
                     log.error("lock %s lost: another run holds it now", self.key)
                     return
@@ -141,7 +106,7 @@ class SinkLock:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            self.r.eval(RELEASE, 1, self.key, self.token)
+            scripts.release_if_owner(self.r, self.key, self.token)
         except redis.RedisError as exc:  # it expires on its own
             log.warning("cannot release lock %s: %s", self.key, exc)
 

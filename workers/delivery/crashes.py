@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from workers.delivery import jobstate
+from workers.redisdb.keys import JobKeys, NodeKeys
 
 
 class CrashTracker:
@@ -19,7 +19,7 @@ class CrashTracker:
 
     def __init__(self, redis: aioredis.Redis, job: str, node: str, threshold: int) -> None:
         self._redis, self._node, self.threshold = redis, node, threshold
-        self._key = f"{jobstate.Keys(job).job}:crashes"
+        self._key = JobKeys(job).crashes
 
     async def counts(self, indices: list[int]) -> dict[int, int]:
         """Crash count of each index (0 when never in flight at a crash)."""
@@ -38,5 +38,5 @@ class CrashTracker:
 
     async def crash_restarts(self) -> int:
         """How many times this worker's engine was restarted because it crashed or hung."""
-        raw = await self._redis.hget(jobstate.node_stats_key(self._node), "crash_restarts")
+        raw = await self._redis.hget(NodeKeys(self._node).stats, "crash_restarts")
         return int(raw or 0)

@@ -12,7 +12,7 @@ younger batch only sends while the older ones are in their tails: the engine sta
 whenever any batch on the GPU has unsent prompts, and the batches fall out of phase by
 construction.
 
-Claims live in the node's in-flight hash (``jobstate.in_flight_key``), one field per batch,
+Claims live in the node's in-flight hash (``NodeKeys.in_flight``), one field per batch,
 which the worker's heartbeat also sums. A claim not refreshed for ``STALE_S`` is ignored: the
 process that wrote it is gone.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import orjson
 import redis.asyncio as aioredis
 
-from workers.delivery import jobstate
+from workers.redisdb.keys import NodeKeys
 
 STALE_S = 3.0
 KEY_TTL_S = 30
@@ -113,7 +113,7 @@ class GpuShare:
 
     def __init__(self, redis: aioredis.Redis, node: str, tag: str) -> None:
         self.redis, self.tag = redis, tag
-        self.key = jobstate.in_flight_key(node)
+        self.key = NodeKeys(node).in_flight
         self.started = time.time()
         self.exclusive = False
         # Requests the GPU's other batches had in flight at the last exchange.

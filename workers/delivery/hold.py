@@ -31,8 +31,8 @@ from typing import Any
 
 import redis
 
-from workers.delivery import jobstate
 from workers.delivery.gpu_share import STALE_S, Claim, decode_all
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class ElasticHold:
                  held: Callable[[], frozenset[str]], max_held: int,
                  idle: Callable[[], None] | None = None,
                  wake: Callable[[], None] | None = None) -> None:
-        self.redis, self.key, self.max_held = client, jobstate.in_flight_key(node), max_held
+        self.redis, self.key, self.max_held = client, NodeKeys(node).in_flight, max_held
         # Wakes the consumer's event loop. A loop with nothing to read polls its sockets for up
         # to a second between looks at ``can_consume`` (kombu's ``Hub.create_loop``): without
         # the wake, the next batch was read 0.5-1 s after the room for it appeared.
@@ -88,12 +88,8 @@ class ElasticHold:
         self.state: tuple[frozenset[str], int] = (frozenset(), 1)
 
     def may_take(self) -> bool:
-        """Whether the consumer may read one more message now: the batches held are the very
-        ones the last tick saw (none arrived or left since: a batch that ends while another
-        arrives leaves the count as it was, not the claims) and fewer than it wanted."""
-        seen, want = self.state
-        held = self._held()
-        return held == seen and len(held) < want
+        """Whether the consumer may read one more message now (:func:`allows`)."""
+        return allows(self.state, self._held())
 
     def start(self) -> None:
         """Start adjusting (the caller has set the prefetch count to 1 already)."""
@@ -114,8 +110,7 @@ class ElasticHold:
         except redis.RedisError:
             return None  # keep the count: the batches held go on either way
         want = wanted(decode_all(raw), time.time(), self.max_held, len(held))
-        seen, wanted_before = self.state
-        could = held == seen and len(held) < wanted_before  # may_take() before this tick
+        could = allows(self.state, held)  # may_take() before this tick
         self.state = (held, want)
         apply(qos, want)
         if self._wake is not None and not could and len(held) < want:
@@ -136,6 +131,15 @@ class ElasticHold:
                 self.tick()
             except Exception:  # never let the thread die: the worker would stop growing
                 log.exception("elastic hold tick failed")
+
+
+def allows(state: tuple[frozenset[str], int], held: frozenset[str]) -> bool:
+    """Whether a tick's ``state`` (batches held, batches wanted) allows one more read now: the
+    batches held are the very ones the tick saw (none arrived or left since: a batch that ends
+    while another arrives leaves the count as it was, not the claims) and fewer than it
+    wanted."""
+    seen, want = state
+    return held == seen and len(held) < want
 
 
 def apply(qos: Any, want: int) -> None:

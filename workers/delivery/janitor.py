@@ -22,12 +22,10 @@ import redis
 from workers.dataset.jobs import JobSpec, job_key
 from workers.dataset.location import recorded_store
 from workers.dataset.store import Store
-from workers.delivery import jobstate, whereabouts
+from workers.delivery import whereabouts
+from workers.redisdb.keys import JANITOR_LOCK_KEY, JOBS_KEY, JobKeys
 
 log = logging.getLogger(__name__)
-
-LOCK_KEY = "fleet:janitor"
-
 
 class Janitor(threading.Thread):
     """Background thread of a GPU worker's main process (see the module docstring)."""
@@ -47,7 +45,7 @@ class Janitor(threading.Thread):
         """One round per interval until stopped; nothing ends the thread."""
         while not self._stop_event.wait(self._interval):
             try:
-                if self._r.set(LOCK_KEY, self._node, nx=True, px=int(self._interval * 900)):
+                if self._r.set(JANITOR_LOCK_KEY, self._node, nx=True, px=int(self._interval * 900)):
                     self.round()
             except Exception as exc:  # noqa: BLE001 - the janitor must outlive any one failure
                 log.warning("janitor round failed: %s", exc)
@@ -63,9 +61,9 @@ class Janitor(threading.Thread):
     def round(self) -> dict[str, list[int]]:
         """Resend what was lost in this round and the last; return it by job."""
         sent: dict[str, list[int]] = {}
-        for raw in sorted(self._r.smembers(jobstate.JOBS_KEY)):
+        for raw in sorted(self._r.smembers(JOBS_KEY)):
             job = raw.decode()
-            spec_raw, state = self._r.hmget(jobstate.Keys(job).job, ["spec", "state"])
+            spec_raw, state = self._r.hmget(JobKeys(job).job, ["spec", "state"])
             store = self._job_store(job)
             # Only running jobs whose store holds them (a job Redis remembers from a store that
             # is gone is not this fleet's to regenerate).

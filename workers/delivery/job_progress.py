@@ -18,6 +18,7 @@ import redis
 
 from workers.dataset.jobs import JobSpec
 from workers.delivery import jobstate
+from workers.redisdb.keys import JOBS_KEY, JobKeys
 
 # Every state a job is shown in: the three an operator sets, and the derived one.
 STATES = ("running", "paused", "cancelled", "done")
@@ -82,7 +83,7 @@ def shown_state(state: str, failed: list[str] | None, warning: list[str] | None 
 def read(r: redis.Redis, spec: JobSpec, now: float | None = None) -> dict[str, Any]:
     """The job's progress from Redis: counters, batches, state, time span and data set."""
     now = time.time() if now is None else now
-    keys = jobstate.Keys(spec.name)
+    keys = JobKeys(spec.name)
     pipe = r.pipeline()
     pipe.hmget(keys.job, ["state", "started_at", "first_taken_at", "last_row_at",
                           *jobstate.SPLIT_FIELDS, "paused_by"])
@@ -122,8 +123,8 @@ def list_jobs(r: redis.Redis, early_rows: int | None = None) -> list[dict[str, A
         early_rows = load_settings().quality_early_rows
 
     out = []
-    for name in sorted(n.decode() for n in r.smembers(jobstate.JOBS_KEY)):
-        raw = r.hget(jobstate.Keys(name).job, "spec")
+    for name in sorted(n.decode() for n in r.smembers(JOBS_KEY)):
+        raw = r.hget(JobKeys(name).job, "spec")
         if not raw:
             continue
         spec = JobSpec.model_validate_json(raw)

@@ -17,7 +17,7 @@ Rules that keep two runs of one batch apart (with workers/delivery/ownership.py)
   it); any other held tag is only refreshed while its entry exists (``XX``), which lasts until
   the stale run notices it lost the batch (one ownership renewal period);
 - a watchdog: when no renewal has succeeded for ``lease_watchdog_s`` the worker stops taking
-  new batches (workers/delivery/gate.py) until renewals work again.
+  new batches (workers/delivery/intake.py) until renewals work again.
 """
 
 from __future__ import annotations
@@ -32,35 +32,12 @@ import redis
 from celery.worker import state as worker_state
 from kombu.utils.json import dumps
 
-from workers.delivery import jobstate
-from workers.delivery.gate import ConsumerGate
+from workers.delivery.intake import Intake
 from workers.node.queues import BATCH_TASK
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 log = logging.getLogger(__name__)
-
-
-# KEYS: unacked_index, unacked; ARGV: owner-token prefix of this worker's pool, then
-# (tag, owner key or '', kombu's unacked value) per held delivery.
-RENEW_LEASES = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local n = 0
-for i = 2, #ARGV, 3 do
-  local tag, okey = ARGV[i], ARGV[i + 1]
-  local owner = false
-  if okey ~= '' then owner = redis.call('GET', okey) end
-  if owner and string.sub(owner, 1, #ARGV[1]) == ARGV[1] then
-    if redis.call('HEXISTS', KEYS[2], tag) == 0 then
-      redis.call('HSET', KEYS[2], tag, ARGV[i + 2])
-    end
-    redis.call('ZADD', KEYS[1], now, tag)
-    n = n + 1
-  else
-    n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', now, tag)
-  end
-end
-return n
-"""
 
 
 @dataclass(frozen=True)
@@ -93,7 +70,7 @@ def held_deliveries() -> list[Held]:
         owner_key = ""
         if req.name == BATCH_TASK:
             try:
-                owner_key = jobstate.Keys(str(req.args[0])).owner(int(req.args[1]))
+                owner_key = JobKeys(str(req.args[0])).owner(int(req.args[1]))
             except (TypeError, IndexError, ValueError):
                 owner_key = ""
         info = msg.delivery_info or {}
@@ -107,10 +84,8 @@ def renew(client: redis.Redis, index_key: str, unacked_key: str, prefix: str,
     """Move the lease of each held delivery to Redis's now (see the module docstring)."""
     if not held:
         return 0
-    args: list[str] = [prefix]
-    for h in held:
-        args += [h.tag, h.owner_key, h.unacked_value]
-    return int(client.eval(RENEW_LEASES, 2, index_key, unacked_key, *args) or 0)
+    return int(scripts.renew_leases(client, index_key, unacked_key, prefix,
+                                    [(h.tag, h.owner_key, h.unacked_value) for h in held]) or 0)
 
 
 class LeaseKeeper(threading.Thread):
@@ -118,11 +93,11 @@ class LeaseKeeper(threading.Thread):
 
     def __init__(self, client: redis.Redis, index_key: str, interval_s: float, *,
                  unacked_key: str = "unacked", owner_prefix: str = "",
-                 gate: ConsumerGate | None = None, watchdog_s: float | None = None) -> None:
+                 intake: Intake | None = None, watchdog_s: float | None = None) -> None:
         super().__init__(name="fleet-lease", daemon=True)
         self._client, self._key, self._interval = client, index_key, interval_s
         self._unacked, self._prefix = unacked_key, owner_prefix
-        self._gate, self._watchdog_s = gate, watchdog_s
+        self._intake, self._watchdog_s = intake, watchdog_s
         self._stop_event = threading.Event()
         self.last_ok = time.monotonic()
 
@@ -137,16 +112,16 @@ class LeaseKeeper(threading.Thread):
             self._watch()
 
     def _watch(self) -> None:
-        if self._gate is None or self._watchdog_s is None:
+        if self._intake is None or self._watchdog_s is None:
             return
         silent = time.monotonic() - self.last_ok
         if silent > self._watchdog_s:
-            if not self._gate.is_closed("lease"):
+            if not self._intake.is_closed("lease"):
                 log.error("no lease renewal for %.0f s: taking no new batch until Redis answers",
                           silent)
-            self._gate.close("lease")
+            self._intake.close("lease")
         else:
-            self._gate.open("lease")
+            self._intake.open("lease")
 
     def stop(self) -> None:
         """Stop renewing."""

@@ -2,9 +2,9 @@
 
 Delivery is at least once: a lease that lapses (a frozen VM), a duplicate message (a
 reconcile racing a delivery) or a pause/resume can start a second run of a batch while the
-first still lives. Each run draws a token and claims ``fleet:job:{j}:owner:{b}`` with it; the
-key expires unless its owner renews it. Progress writes (``jobstate.RECORD_ROWS``) and the
-finish step (``jobstate.FINISH_BATCH``) are refused to any other token, and the owner checks
+first still lives. Each run draws a token and claims the batch's owner key with it; the
+key expires unless its owner renews it. Progress writes (``scripts.record_rows``) and the
+finish step (``scripts.finish_batch``) are refused to any other token, and the owner checks
 its claim right before it writes the result object, so a run that lost the batch stops within
 one renewal period and never overwrites the new owner's work.
 
@@ -16,10 +16,11 @@ finds the batch held by a pool process of its own worker that is gone takes it o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,54 +28,9 @@ import redis
 import redis.asyncio as aioredis
 
 from workers.aio import cancel_and_wait
-from workers.dataset.sink_lock import EXTEND, TAKE_OR_KEEP
-from workers.dataset.sink_lock import RELEASE as LOCK_RELEASE
-from workers.delivery import jobstate
 from workers.errors import FleetError
-
-_ZERO_COUNTS = """
-local function zero_counts(stats, bstats, batch)
-  for _, f in ipairs({'completed', 'failed', 'quarantined', 'truncated', 'output_tokens'}) do
-    local k = batch .. '|' .. f
-    local old = tonumber(redis.call('HGET', bstats, k) or '0')
-    if old ~= 0 then redis.call('HINCRBY', stats, f, -old) end
-    redis.call('HDEL', bstats, k)
-  end
-end
-"""
-
-# KEYS: owner, done, stats, bstats, progress
-# ARGV: batch, token, ttl ms, reopen ('1': the store lacks the result, drop a stale done mark),
-#       the token of a holder known to be dead ('' if none)
-CLAIM = _ZERO_COUNTS + """
-local cur = redis.call('GET', KEYS[1])
-if cur and cur ~= ARGV[2] and cur ~= ARGV[5] then return {'held', cur} end
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
-  if ARGV[4] ~= '1' then return {'done', ''} end
-  redis.call('SREM', KEYS[2], ARGV[1])
-  redis.call('DEL', KEYS[5])
-  zero_counts(KEYS[3], KEYS[4], ARGV[1])
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return {'ok', cur or ''}
-"""
-
-# KEYS: owner, done, stats, bstats, progress; ARGV: batch. A done mark whose result object is
-# gone (deleted by hand, another store): forget it and the batch's counts, unless a run owns it.
-REOPEN = _ZERO_COUNTS + """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if redis.call('SREM', KEYS[2], ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[5])
-  zero_counts(KEYS[3], KEYS[4], ARGV[1])
-end
-return 1
-"""
-
-# KEYS: owner, done; ARGV: token, ttl ms, batch. A claim that lapsed while nobody else took
-# the batch (a frozen process, a slow Redis) is taken again: the message is still this run's.
-# The data-set lock's scripts (workers/dataset/sink_lock.py) are the one implementation.
-RENEW = TAKE_OR_KEEP
-RELEASE = LOCK_RELEASE
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 
 class LostOwnership(FleetError):
@@ -129,15 +85,15 @@ class Ownership:
     """This run's claim on one batch."""
 
     def __init__(self, r: aioredis.Redis, job: str, batch: int, node: str, ttl_s: float) -> None:
-        self.redis, self.batch, self.node = r, batch, node
-        self.keys = jobstate.Keys(job)
+        self.redis, self.job, self.batch, self.node = r, job, batch, node
+        self.keys = JobKeys(job)
         self.key = self.keys.owner(batch)
         self.token = make_token(node)
         self.ttl_ms = int(ttl_s * 1000)
         self._keeper: asyncio.Task[None] | None = None
         self._renewed_at = time.monotonic()  # the claim is known to hold until ttl after this
         self._confirming: asyncio.Lock | None = None
-        self._renew_script = RENEW
+        self._extend_only = False
 
     def __repr__(self) -> str:
         return f"<Ownership {self.key} {self.token}>"
@@ -145,21 +101,19 @@ class Ownership:
     @classmethod
     def of_part(cls, r: aioredis.Redis, job: str, batch: int, node: str, ttl_s: float,
                 key: str, token: str, asked_at: float) -> Ownership:
-        """The claim on a part of a batch (workers/delivery/split.py), granted under ``key``
+        """The claim on a part of a batch (workers/split/), granted under ``key``
         for ``token`` after ``asked_at`` (monotonic): renewed, confirmed and released like a
         batch claim, and it lapses with the batch's done mark as well."""
         part = cls(r, job, batch, node, ttl_s)
         part.key, part.token, part._renewed_at = key, token, asked_at
         # Extended only, never taken again once lapsed: the batch's owner reads a lapsed part
         # as its rows given back, and may be sending them itself already.
-        part._renew_script = EXTEND
+        part._extend_only = True
         return part
 
     async def _claim(self, reopen: bool, steal_from: str) -> tuple[str, str]:
-        k = self.keys
-        status, cur = await self.redis.eval(
-            CLAIM, 5, self.key, k.done, k.stats, k.bstats, k.progress(self.batch),
-            self.batch, self.token, self.ttl_ms, "1" if reopen else "0", steal_from)
+        status, cur = await scripts.claim_batch(self.redis, self.job, self.batch, self.token,
+                                                 self.ttl_ms, reopen, steal_from)
         return status.decode(), cur.decode()
 
     async def acquire(self, result_stored: Callable[[], Awaitable[bool]],
@@ -188,8 +142,12 @@ class Ownership:
     async def renew(self) -> bool:
         """Extend the claim; False once another run owns the batch (or nobody does)."""
         asked_at = time.monotonic()
-        ok = bool(await self.redis.eval(self._renew_script, 2, self.key, self.keys.done, self.token,
-                                        self.ttl_ms, self.batch))
+        if self._extend_only:
+            ok = bool(await scripts.extend_if_owner(self.redis, self.key, self.token,
+                                                    self.ttl_ms))
+        else:
+            ok = bool(await scripts.take_or_keep(self.redis, self.key, self.token, self.ttl_ms,
+                                                 unless_in=(self.keys.done, self.batch)))
         if ok:
             self._renewed_at = max(self._renewed_at, asked_at)
         return ok
@@ -210,17 +168,25 @@ class Ownership:
         async with self._confirming:  # the many senders waiting share one renewal
             if time.monotonic() - self._renewed_at < self.ttl_ms / 1000 - margin_s:
                 return
-            try:
-                ok = await self.renew()
-            except (redis.RedisError, OSError) as exc:
-                raise ClaimLapsed(f"claim on {self.key} not renewed for "
-                                  f"{time.monotonic() - self._renewed_at:.0f} s: {exc}") from exc
-            if not ok:
-                raise LostOwnership(f"{self.key} is owned by another run now")
+            await self._renew_or_raise(lapsed_after_s=-1.0)  # a failure now is a lapse
 
     def start_keeping(self, renew_s: float) -> None:
         """Renew the claim every ``renew_s`` in the background until :meth:`stop_keeping`."""
         self._keeper = asyncio.ensure_future(self._keep(renew_s))
+
+    @contextlib.asynccontextmanager
+    async def kept(self, renew_s: float) -> AsyncIterator[None]:
+        """Renew the claim while the body runs, then release it (a no-op once finished or
+        taken over; a release that fails lets the claim lapse by itself)."""
+        self.start_keeping(renew_s)
+        try:
+            yield
+        finally:
+            await self.stop_keeping()
+            try:
+                await self.release()
+            except (redis.RedisError, OSError):
+                pass
 
     async def stop_keeping(self) -> None:
         """Stop renewing (the claim then lapses unless finished or released)."""
@@ -238,19 +204,24 @@ class Ownership:
     async def _keep(self, renew_s: float) -> None:
         """Raise LostOwnership when another run owns the batch, or when the claim could not be
         renewed for so long that it may have lapsed (Redis unreachable or a frozen process)."""
-        ttl_s = self.ttl_ms / 1000
         while True:
             await asyncio.sleep(renew_s)
-            try:
-                ok = await self.renew()
-            except (redis.RedisError, OSError) as exc:
-                if time.monotonic() - self._renewed_at > ttl_s - renew_s:
-                    raise ClaimLapsed(f"claim on {self.key} not renewed for "
-                                        f"{time.monotonic() - self._renewed_at:.0f} s: {exc}"
-                                        ) from exc
-                continue
-            if not ok:
-                raise LostOwnership(f"{self.key} is owned by another run now")
+            await self._renew_or_raise(lapsed_after_s=self.ttl_ms / 1000 - renew_s)
+
+    async def _renew_or_raise(self, lapsed_after_s: float) -> None:
+        """Renew the claim: LostOwnership when another run owns the batch; ClaimLapsed when
+        Redis fails and the last renewal is more than ``lapsed_after_s`` old (a failure before
+        that is left to the next try)."""
+        try:
+            ok = await self.renew()
+        except (redis.RedisError, OSError) as exc:
+            silent = time.monotonic() - self._renewed_at
+            if silent > lapsed_after_s:
+                raise ClaimLapsed(f"claim on {self.key} not renewed for {silent:.0f} s: {exc}"
+                                  ) from exc
+            return
+        if not ok:
+            raise LostOwnership(f"{self.key} is owned by another run now")
 
     async def still_owned(self) -> bool:
         """Whether this run still owns the batch (checked right before the result is written)."""
@@ -258,21 +229,19 @@ class Ownership:
 
     async def release(self) -> None:
         """Give the batch up (handed back, stopped, failed) so the next run need not wait."""
-        await self.redis.eval(RELEASE, 1, self.key, self.token)
+        await scripts.release_if_owner(self.redis, self.key, self.token)
 
 
 def reopen(r: redis.Redis, job: str, batch: int) -> bool:
     """Forget ``batch``'s done mark and counts (its result is not in the store) unless a run
     owns it; True when nothing owns it."""
-    k = jobstate.Keys(job)
-    return bool(r.eval(REOPEN, 5, k.owner(batch), k.done, k.stats, k.bstats,
-                       k.progress(batch), batch))
+    return bool(scripts.reopen_batch(r, job, batch))
 
 
 def live_holders(r: redis.Redis, job: str) -> dict[int, str]:
     """Batches of ``job`` that a run owns now, with its token (derived from the owner keys,
     which expire with their run)."""
-    prefix = jobstate.Keys(job).owner(0)[:-1]
+    prefix = JobKeys(job).owner_prefix()
     keys = sorted(r.scan_iter(match=f"{prefix}*", count=1000))
     if not keys:
         return {}

@@ -20,12 +20,14 @@ from workers.dataset.jobs import JobSpec, PromptRow, progress_chunk_key, progres
 from workers.dataset.manifest import row_bucket
 from workers.dataset.samples import row_key, row_unit
 from workers.dataset.store import Store
-from workers.delivery import jobstate, quality_live
+from workers.delivery import quality_live
 from workers.delivery.ownership import LostOwnership
 from workers.delivery.quality_live import LiveFold
 from workers.engine.client import Completion
 from workers.errors import StoreError
 from workers.node.context import WorkerIdentity
+from workers.redisdb import scripts
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,6 @@ class ProgressRecorder:
         self._since: float | None = None
         self._chunk_tag, self._seq = token.rsplit("|", 1)[-1], 0
         self._flushing = asyncio.Lock()
-        self._script = env.redis.register_script(jobstate.RECORD_ROWS)
 
     def add(self, result: dict[str, Any]) -> None:
         """Queue one finished row for the next flush."""
@@ -188,8 +189,6 @@ class ProgressRecorder:
         # recorded index always finds its row in the chunk it names.
         name, self._seq = f"{self._chunk_tag}-{self._seq:06d}", self._seq + 1
         node = self._env.me.node
-        keys = jobstate.record_keys(self._job, self._batch, jobstate.node_stats_key(node),
-                                    self._fence)
         fresh: dict[str, int] = {}
         written: list[str] = []
         try:
@@ -199,8 +198,8 @@ class ProgressRecorder:
             for kind, rows in groups.items():  # the script's count per bucket: exact per kind
                 refs = [(index, chunk.encode(), kind_, tokens)
                         for index, _, kind_, tokens in rows]
-                n = await self._script(
-                    keys=keys, args=jobstate.record_args(self._batch, node, self._token, refs))
+                n = await scripts.record_rows(self._env.redis, self._job, self._batch, node,
+                                              self._token, refs, self._fence)
                 if n < 0:
                     raise LostOwnership(f"batch {self._batch} is owned by another run")
                 fresh[kind] = n
@@ -242,7 +241,7 @@ class ProgressRecorder:
         async with self._env.redis.pipeline(transaction=False) as pipe:
             for kind, n in fresh.items():
                 if n:
-                    pipe.hincrby(jobstate.node_prompts_key(self._env.me.node), kind, n)
+                    pipe.hincrby(NodeKeys(self._env.me.node).prompts, kind, n)
             await pipe.execute()
 
     async def run_flusher(self) -> None:

@@ -37,21 +37,13 @@ from workers.dataset.quality_gates import (
     shares,
     thresholds,
 )
-from workers.delivery.jobstate import Keys
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 log = logging.getLogger(__name__)
 
 # The live figures: those a row decides, and the ones that add them up.
 LIVE = tuple(n for n, f in FIGURES.items() if f.per_row)
-# Pause the job once one of them fails, only if it is still running (not paused, cancelled).
-PAUSE_ON_WARNING = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state == false or state == 'running' then
-  redis.call('HSET', KEYS[1], 'state', 'paused', 'paused_by', ARGV[1])
-  return 1
-end
-return 0
-"""
 
 
 class LiveFold:
@@ -80,7 +72,8 @@ class LiveFold:
 async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows: int) -> None:
     """Add ``tally`` to the job's live hash; log each gate the first time it fails, and
     pause a job enqueued with ``--on-quality-warning pause`` (see the module docstring)."""
-    key = Keys(spec.name).quality
+    keys = JobKeys(spec.name)
+    key = keys.quality
     counts = tally.counters()
     async with r.pipeline(transaction=False) as pipe:
         for name in COUNTERS:
@@ -90,8 +83,8 @@ async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows
             fig = tally.figures[name]
             if fig.count:
                 pipe.hincrby(key, name, fig.count)
-                pipe.rpush(f"{key}:ex:{name}", *fig.examples)
-                pipe.ltrim(f"{key}:ex:{name}", 0, EXAMPLES - 1)
+                pipe.rpush(keys.quality_examples(name), *fig.examples)
+                pipe.ltrim(keys.quality_examples(name), 0, EXAMPLES - 1)
         await pipe.execute()
     live = _live(await r.hgetall(key), {}, spec, early_rows)
     for gate in live["failed"]:
@@ -99,8 +92,8 @@ async def push(r: aioredis.Redis, spec: JobSpec, tally: QualityTally, early_rows
             line = gate_line(gate)
             log.warning("quality warning: job %s, first %d rows: %s", spec.name, live["rows"],
                         line)
-            if spec.on_quality_warning == "pause" and await r.eval(
-                    PAUSE_ON_WARNING, 1, Keys(spec.name).job, f"quality warning: {line}"):
+            if spec.on_quality_warning == "pause" and await scripts.pause_if_running(
+                    r, spec.name, f"quality warning: {line}"):
                 log.warning("job %s paused on its quality warning (fleet resume --job %s "
                             "goes on)", spec.name, spec.name)
 
@@ -118,11 +111,11 @@ def _live(raw: dict[bytes, bytes], examples: dict[str, list[str]], spec: JobSpec
 def read_live(r: redis.Redis, spec: JobSpec, early_rows: int) -> dict[str, Any]:
     """The job's live tally: its figures, and the gates it breaks once it holds
     ``early_rows`` rows (``warning``: them in words, None while none fails)."""
-    key = Keys(spec.name).quality
+    keys = JobKeys(spec.name)
     pipe = r.pipeline(transaction=False)
-    pipe.hgetall(key)
+    pipe.hgetall(keys.quality)
     for name in PER_ROW:
-        pipe.lrange(f"{key}:ex:{name}", 0, EXAMPLES - 1)
+        pipe.lrange(keys.quality_examples(name), 0, EXAMPLES - 1)
     raw, *ex = pipe.execute()
     examples = {name: [x.decode() for x in got] for name, got in zip(PER_ROW, ex, strict=True)}
     return _live(raw, examples, spec, early_rows)

@@ -16,9 +16,10 @@ import redis.asyncio as aioredis
 
 from config.settings import Settings
 from workers.dataset.jobs import JobSpec
-from workers.delivery import jobstate
 from workers.errors import FleetError
 from workers.node.queues import SINK_QUEUE, SINK_TASK
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys
 
 log = logging.getLogger(__name__)
 
@@ -26,46 +27,23 @@ log = logging.getLogger(__name__)
 # batches report done (redeliveries, the stored-results shortcut, requeue-failed).
 AUTO_DEDUP_S = 300
 
-# Every batch done, and not yet triggered: mark it queued. One script for the batch task
-# (async client) and the CLI (sync client), so the check and the claim cannot drift apart.
-_CLAIM_AUTO = """
-if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[1]) then return 0 end
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[3], 'state', 'queued', 'request', '', 'at', ARGV[3])
-return 1
-"""
-
-
-def state_key(job: str) -> str:
-    """Redis hash with the state of the job's latest sink run (for ``sink --wait``)."""
-    return jobstate.Keys(job).sink
-
-
-def _auto_key(job: str) -> str:
-    return f"{state_key(job)}:auto"
-
-
 def set_state(r: redis.Redis, job: str, state: str, request: str | None,
               **extra: Any) -> None:
     """Record the sink state of a job: queued, running, retrying, done or failed."""
     fields = {"state": state, "request": request or "", "at": time.time(),
               **{k: orjson.dumps(v) for k, v in extra.items()}}
-    r.hset(state_key(job), mapping=fields)
+    r.hset(JobKeys(job).sink, mapping=fields)
 
 
 def reset_auto_trigger(r: redis.Redis, job: str) -> None:
     """Forget that the sink was triggered automatically, so the next last batch triggers it."""
-    r.delete(_auto_key(job))
-
-
-def _claim(spec: JobSpec) -> tuple[Any, ...]:
-    keys = (jobstate.Keys(spec.name).done, _auto_key(spec.name), state_key(spec.name))
-    return (_CLAIM_AUTO, len(keys), *keys, spec.n_batches, AUTO_DEDUP_S, time.time())
+    r.delete(JobKeys(job).sink_auto)
 
 
 def trigger_if_complete(r: redis.Redis, app: Any, spec: JobSpec, settings: Settings) -> bool:
     """Enqueue ``fleet.sink_job`` once when every batch of ``spec`` is done (deduplicated)."""
-    if not settings.sink_auto or not r.eval(*_claim(spec)):
+    if not settings.sink_auto or not scripts.claim_sink_trigger(r, spec.name, spec.n_batches,
+                                                                AUTO_DEDUP_S):
         return False
     app.send_task(SINK_TASK, args=[spec.name], queue=SINK_QUEUE)
     return True
@@ -74,7 +52,8 @@ def trigger_if_complete(r: redis.Redis, app: Any, spec: JobSpec, settings: Setti
 async def trigger_when_done(r: aioredis.Redis, app: Any, spec: JobSpec,
                             settings: Settings) -> bool:
     """:func:`trigger_if_complete` from a batch task, on its async Redis client."""
-    if not settings.sink_auto or not await r.eval(*_claim(spec)):
+    if not settings.sink_auto or not await scripts.claim_sink_trigger(
+            r, spec.name, spec.n_batches, AUTO_DEDUP_S):
         return False
     await asyncio.to_thread(app.send_task, SINK_TASK, args=[spec.name], queue=SINK_QUEUE)
     log.info("job %s: last batch done, sink enqueued", spec.name)
@@ -94,7 +73,7 @@ def wait_sink(r: redis.Redis, job: str, request: str, timeout_s: float,
     """Wait until the sink run ``request`` is done; return its summary (FleetError if not)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        raw = {k.decode(): v for k, v in r.hgetall(state_key(job)).items()}
+        raw = {k.decode(): v for k, v in r.hgetall(JobKeys(job).sink).items()}
         if raw.get("request", b"").decode() == request:
             state = raw["state"].decode()
             if state == "done":

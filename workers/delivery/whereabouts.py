@@ -16,7 +16,7 @@ revoked task would make such a mark lie. A batch is
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -28,6 +28,7 @@ from workers.dataset.store import Store
 from workers.dataset.verify import stored_batches
 from workers.delivery import jobstate, ownership
 from workers.node.queues import BATCH_TASK, SHARED_QUEUE
+from workers.redisdb.keys import JobKeys
 
 
 def message_batch(payload: bytes | dict) -> tuple[str, int] | None:
@@ -51,15 +52,18 @@ def queue_lists(r: redis.Redis) -> list[bytes]:
     return sorted(names)
 
 
-def queued_batches(r: redis.Redis, job: str) -> set[int]:
-    """Batches of ``job`` with a message waiting in a queue list."""
-    out: set[int] = set()
+def _queued(r: redis.Redis, job: str) -> Iterator[tuple[bytes, bytes, int]]:
+    """(queue list, message, batch) of each message of ``job`` waiting in a queue list."""
     for name in queue_lists(r):
         for raw in r.lrange(name, 0, -1):
             found = message_batch(raw)
             if found and found[0] == job:
-                out.add(found[1])
-    return out
+                yield name, raw, found[1]
+
+
+def queued_batches(r: redis.Redis, job: str) -> set[int]:
+    """Batches of ``job`` with a message waiting in a queue list."""
+    return {batch for _, _, batch in _queued(r, job)}
 
 
 def unacked_batches(r: redis.Redis, job: str, unacked_key: str = "unacked") -> set[int]:
@@ -78,13 +82,7 @@ def unacked_batches(r: redis.Redis, job: str, unacked_key: str = "unacked") -> s
 
 def remove_queued(r: redis.Redis, job: str) -> int:
     """Remove every queued (not yet delivered) batch message of ``job``; return how many."""
-    removed = 0
-    for name in queue_lists(r):
-        for raw in r.lrange(name, 0, -1):
-            found = message_batch(raw)
-            if found and found[0] == job:
-                removed += int(r.lrem(name, 1, raw))
-    return removed
+    return sum(int(r.lrem(name, 1, raw)) for name, raw, _ in _queued(r, job))
 
 
 @dataclass
@@ -120,7 +118,7 @@ def count_stored(store: Store, r: redis.Redis, job: str, batch: int) -> None:
     when the rows were counted live and the finish step has not run yet)."""
     rows = decode_rows(store.get(result_key(job, batch)))
     jobstate.set_batch_counts(r, job, batch, jobstate.batch_counts(rows))
-    r.sadd(jobstate.Keys(job).done, batch)
+    r.sadd(JobKeys(job).done, batch)
 
 
 @dataclass
@@ -135,7 +133,7 @@ class ReconcileReport:
 def resend(r: redis.Redis, app: Celery, spec: JobSpec, batches: list[int]) -> int:
     """Send ``batches`` (found lost: not stored, no message, no live owner), dropping a done
     mark the store contradicts first; return how many were sent."""
-    done = {int(b) for b in r.smembers(jobstate.Keys(spec.name).done)}
+    done = {int(b) for b in r.smembers(JobKeys(spec.name).done)}
     with app.producer_or_acquire() as producer:
         for b in batches:
             if b in done:  # the store lost the result: the done mark lies
@@ -149,7 +147,7 @@ def reconcile(store: Store, r: redis.Redis, app: Celery, spec: JobSpec,
               unacked_key: str = "unacked") -> ReconcileReport:
     """Send every batch that is not stored and has no message and no live holder."""
     where = locate(store, r, spec.name, unacked_key)
-    done = {int(b) for b in r.smembers(jobstate.Keys(spec.name).done)}
+    done = {int(b) for b in r.smembers(JobKeys(spec.name).done)}
     report = ReconcileReport()
     for b in sorted(where.stored):
         if b < spec.n_batches and b not in done:

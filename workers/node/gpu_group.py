@@ -24,6 +24,7 @@ import redis
 
 from workers.errors import FleetError
 from workers.node.queues import SHARED_QUEUE
+from workers.redisdb import scripts
 
 _SINGLE = re.compile(r"(\d+)")
 _RANGE = re.compile(r"(\d+)-(\d+)")
@@ -31,7 +32,6 @@ _LIST = re.compile(r"\d+(?:\+\d+)+")
 SPELLINGS = "gpuN, gpuA-B (a range) or gpuA+B (a list)"
 # A claim outlives a few missed heartbeats (renewed at every beat, see workers/wiring/runtime.py).
 CLAIM_MIN_TTL_S = 30.0
-OWNER_PREFIX = "fleet:gpu-owner:"
 
 
 class GroupError(FleetError):
@@ -166,40 +166,16 @@ def node_host(node: str) -> str:
     return node.rpartition("@")[2] or node
 
 
-def owner_key(host: str, gpu: int) -> str:
-    """Redis key holding the node name of GPU ``gpu``'s owner on ``host``."""
-    return f"{OWNER_PREFIX}{host}:{gpu}"
-
-
 def claim_ttl_s(heartbeat_interval_s: float) -> float:
     """How long a claim lives without renewal."""
     return max(CLAIM_MIN_TTL_S, 3 * heartbeat_interval_s)
-
-
-# All or none: the first key another node holds wins the refusal; else every key is (re)set.
-_CLAIM = """
-for i, key in ipairs(KEYS) do
-  local owner = redis.call('GET', key)
-  if owner and owner ~= ARGV[1] then return {i, owner} end
-end
-for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[1], 'PX', ARGV[2]) end
-return {}
-"""
-_RELEASE = """
-local n = 0
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then n = n + redis.call('DEL', key) end
-end
-return n
-"""
 
 
 def claim(r: redis.Redis, node: str, group: GpuGroup, queue: str, ttl_s: float) -> None:
     """Own every GPU of ``group`` as ``node`` (or renew the claims); raises GroupError naming
     the queue, the GPU and its owner when another live worker of this host holds one."""
     host = node_host(node)
-    keys = [owner_key(host, g) for g in group.gpus]
-    taken = r.eval(_CLAIM, len(keys), *keys, node, int(ttl_s * 1000))
+    taken = scripts.claim_gpus(r, host, group.gpus, node, int(ttl_s * 1000))
     if taken:
         index, owner = int(taken[0]), taken[1]
         owner = owner.decode() if isinstance(owner, bytes) else str(owner)
@@ -209,6 +185,4 @@ def claim(r: redis.Redis, node: str, group: GpuGroup, queue: str, ttl_s: float) 
 
 def release(r: redis.Redis, node: str, group: GpuGroup) -> None:
     """Drop ``node``'s claims on ``group`` (a warm shutdown)."""
-    host = node_host(node)
-    keys = [owner_key(host, g) for g in group.gpus]
-    r.eval(_RELEASE, len(keys), *keys, node)
+    scripts.release_gpus(r, node_host(node), group.gpus, node)

@@ -7,21 +7,16 @@ from typing import Any
 import orjson
 import redis
 
-PREFIX = "fleet:worker:"
-
-
-def heartbeat_key(node: str) -> str:
-    """Redis key of one worker's heartbeat."""
-    return f"{PREFIX}{node}"
+from workers.redisdb.keys import HEARTBEAT_PREFIX, NodeKeys
 
 
 def publish(r: redis.Redis, node: str, payload: dict[str, Any], ttl_s: float) -> None:
     """Write a heartbeat that expires after ``ttl_s`` seconds."""
-    r.set(heartbeat_key(node), orjson.dumps(payload), px=int(ttl_s * 1000))
+    r.set(NodeKeys(node).heartbeat, orjson.dumps(payload), px=int(ttl_s * 1000))
 
 
 def read_heartbeats(r: redis.Redis) -> list[dict[str, Any]]:
     """Every live worker's heartbeat, sorted by node name."""
-    keys = sorted(r.scan_iter(match=f"{PREFIX}*", count=500))
+    keys = sorted(r.scan_iter(match=f"{HEARTBEAT_PREFIX}*", count=500))
     values = r.mget(keys) if keys else []
     return [orjson.loads(v) for v in values if v]

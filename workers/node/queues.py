@@ -10,5 +10,5 @@ SHARED_QUEUE = "gpu"
 SINK_QUEUE = "sink"
 BATCH_TASK = "fleet.run_batch"
 SINK_TASK = "fleet.sink_job"
-# Rows of another GPU's batch, asked for at the job's end (workers/delivery/split.py).
+# Rows of another GPU's batch, asked for at the job's end (workers/split/).
 TAKE_TASK = "fleet.take_rows"

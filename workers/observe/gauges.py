@@ -20,9 +20,9 @@ import httpx
 import orjson
 import redis
 
-from workers.delivery import jobstate
 from workers.engine.client import effective_cap
 from workers.engine.metrics import MetricSet, full_kv_usage, parse_metrics
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class WorkerWatch:
             self.engine = replace(self.engine, **{k: v for k, v in known.items() if v is not None})
         else:
             self.engine = sample
-        raw = self.redis.hget(jobstate.node_stats_key(self.node), "output_tokens")
+        raw = self.redis.hget(NodeKeys(self.node).stats, "output_tokens")
         self.output_tokens = int(raw or 0)
         self._rate.add(time.monotonic(), self.output_tokens)
         # An engine that runs and queues nothing now makes no tokens, whatever the window

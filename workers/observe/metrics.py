@@ -12,17 +12,15 @@ imported, one directory per worker, cleaned at start, a gauge mode per gauge). I
 number comes from a place that already exists or is cheap to keep:
 
 - tokens and prompts: the Redis counters the batch writes with each finished row, counted once
-  per row however often a batch is redelivered (``RECORD_ROWS``), so they match the job exactly
-  and survive a worker restart;
+  per row however often a batch is redelivered (``scripts.record_rows``), so they match the job
+  exactly and survive a worker restart;
 - batch durations: a histogram kept in a Redis hash, bumped by the task when a batch finishes;
 - engine gauges, engine state and restarts: the main process's own :class:`WorkerWatch` cache
   and :class:`~workers.engine.lifecycle.Engine`.
 
-The collector reads them at scrape time. Redis keys (``{node}`` = Celery node name)::
-
-    fleet:node:{node}                  hash: output_tokens, rows (workers/delivery/jobstate.py)
-    fleet:node:{node}:prompts          hash: ok, truncated, failed, quarantined -> rows
-    fleet:node:{node}:batch_seconds    hash: <upper bound> -> batches, sum -> seconds
+The collector reads them at scrape time, from the worker's hashes (workers/redisdb/keys.py):
+its lifetime counters (output_tokens, rows), its prompts by kind (ok, truncated, failed,
+quarantined -> rows) and its batch seconds (<upper bound> -> batches, sum -> seconds).
 """
 
 from __future__ import annotations
@@ -45,9 +43,10 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from workers.delivery import job_progress, jobstate
+from workers.delivery import job_progress
 from workers.engine.lifecycle import EngineState
 from workers.observe.gauges import EngineSample
+from workers.redisdb.keys import NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +79,6 @@ class WatchView(Protocol):
     tokens_per_sec: float
 
 
-def batch_seconds_key(node: str) -> str:
-    """Redis hash holding a worker's batch-duration histogram."""
-    return f"{jobstate.node_stats_key(node)}:batch_seconds"
-
-
 def _bound(le: float) -> str:
     return "+Inf" if math.isinf(le) else str(le)
 
@@ -92,7 +86,7 @@ def _bound(le: float) -> str:
 async def record_batch(r: aioredis.Redis, node: str, seconds: float) -> None:
     """Count one finished batch of ``seconds`` in the worker's histogram (best effort)."""
     le = next(b for b in BATCH_BUCKETS_S if seconds <= b)
-    key = batch_seconds_key(node)
+    key = NodeKeys(node).batch_seconds
     try:
         async with r.pipeline(transaction=True) as pipe:
             pipe.hincrby(key, _bound(le), 1)
@@ -117,9 +111,9 @@ class FleetCollector(Collector):
 
     def _counters(self) -> Iterator[Metric]:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(jobstate.node_stats_key(self.node))
-        pipe.hgetall(jobstate.node_prompts_key(self.node))
-        pipe.hgetall(batch_seconds_key(self.node))
+        pipe.hgetall(NodeKeys(self.node).stats)
+        pipe.hgetall(NodeKeys(self.node).prompts)
+        pipe.hgetall(NodeKeys(self.node).batch_seconds)
         stats, prompts, batches = (_hash(raw) for raw in pipe.execute())
         tokens = CounterMetricFamily("fleet_output_tokens", "Output tokens generated (each "
                                      "prompt counted once).", labels=LABELS)

@@ -29,6 +29,7 @@ from workers.dataset.jobs import (
 from workers.dataset.store import Store, open_store
 from workers.delivery import jobstate
 from workers.errors import FleetError
+from workers.redisdb.keys import JOBS_KEY, JobKeys, NodeKeys
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +42,22 @@ def running_job(r: redis.Redis, node: str | None) -> str | None:
     """The job ``node``'s batches are running (most in-flight batches), else the latest job
     marked running."""
     if node is not None:
-        tags = r.hkeys(jobstate.in_flight_key(node))
+        tags = r.hkeys(NodeKeys(node).in_flight)
         jobs = Counter(t.decode().rpartition("/")[0] for t in tags)
         jobs.pop("", None)
         if jobs:
             return jobs.most_common(1)[0][0]
     latest: tuple[float, str] | None = None
-    for raw in r.smembers(jobstate.JOBS_KEY):
+    for raw in r.smembers(JOBS_KEY):
         name = raw.decode()
-        state, started = r.hmget(jobstate.Keys(name).job, "state", "started_at")
+        state, started = r.hmget(JobKeys(name).job, "state", "started_at")
         if state == b"running" and (latest is None or float(started or 0) > latest[0]):
             latest = (float(started or 0), name)
     return latest[1] if latest else None
 
 
 def _spec(r: redis.Redis, job: str, store: Store | None) -> JobSpec | None:
-    raw = r.hget(jobstate.Keys(job).job, "spec")
+    raw = r.hget(JobKeys(job).job, "spec")
     if raw:
         return JobSpec.model_validate_json(raw)
     return load_spec(store, job) if store is not None else None

@@ -56,10 +56,6 @@ class Readings:
         reading = self._readings.get(name)
         return None if reading is None else reading.value
 
-    def reading(self, name: str) -> Reading | None:
-        """Reading ``name`` with its source, or None."""
-        return self._readings.get(name)
-
     def evidence(self, *names: str) -> list[dict[str, Any]]:
         """Evidence entries for the named readings that exist."""
         return [self._readings[n].as_evidence() for n in names if n in self._readings]

@@ -10,7 +10,6 @@ A reconnect makes a new ``QoS``; the step runs again with it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from types import MethodType
 from typing import Any
@@ -20,16 +19,12 @@ from celery import bootsteps
 from celery.worker import state
 
 from config.settings import load_settings
-from workers.delivery import split
 from workers.delivery.hold import ElasticHold, apply
 from workers.node import context
-from workers.node.heartbeat import read_heartbeats
 from workers.node.queues import BATCH_TASK, SINK_QUEUE, TAKE_TASK
+from workers.split.asker import SplitAsker
 
 log = logging.getLogger(__name__)
-
-ASK_EVERY_S = 0.5
-ASK_COOLDOWN_S = 3.0  # the take task sent is reserved (held) well within it
 
 
 class HoldStep(bootsteps.StartStopStep):
@@ -72,43 +67,6 @@ def held_batches() -> frozenset[str]:
     finished (sink tasks not counted)."""
     return frozenset(req.id for req in state.reserved_requests
                      if req.name in (BATCH_TASK, TAKE_TASK))
-
-
-class SplitAsker:
-    """At the job's end, asks for another GPU's unsent rows (workers/delivery/split.py): when
-    this worker has room (it holds nothing, or its batches have nothing left to send and leave
-    the GPU's in-flight budget room: the hold would take another batch), the queues it reads
-    are empty and its engine is healthy, it sends itself a take task for the batch with the
-    most unsent rows. So a GPU running its own batch's last rows fills its free slots with
-    another GPU's unsent ones instead of waiting to run dry."""
-
-    def __init__(self, app: Any, client: redis.Redis, queues: list[str], min_rows: int) -> None:
-        self.app, self.redis, self.queues, self.min_rows = app, client, queues, min_rows
-        self._next = 0.0
-
-    def __call__(self) -> None:
-        """One look (at most every ASK_EVERY_S; after an ask, not before ASK_COOLDOWN_S)."""
-        now = time.monotonic()
-        if now < self._next or self.min_rows <= 0:
-            return
-        self._next = now + ASK_EVERY_S
-        me = context.identity()
-        with self.redis.pipeline(transaction=False) as pipe:
-            for q in self.queues:
-                pipe.llen(q)
-            if any(pipe.execute()):
-                return
-        beats = {b["node"]: b for b in read_heartbeats(self.redis)}
-        if beats.get(me.node, {}).get("engine_state") != "healthy":
-            return
-        found = split.choose(split.node_claims(self.redis, beats), me.node, self.min_rows,
-                             time.time())
-        if found is None:
-            return
-        self.app.send_task(TAKE_TASK, args=(found.job, found.batch), queue=me.gpu_queue)
-        self._next = now + ASK_COOLDOWN_S
-        log.info("asking %s for the %d unsent rows of batch %s/%d", found.node, found.unsent,
-                 found.job, found.batch)
 
 
 def _waker(c: Any) -> Callable[[], None] | None:

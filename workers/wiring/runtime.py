@@ -5,7 +5,7 @@ batches to hand themselves back (answered prompts kept), so the pool drains in s
 than after a whole batch; then ``worker_shutdown`` calls :meth:`WorkerRuntime.stop`, which stops
 renewing leases, stops the monitor, terminates the engine's process group and deletes the
 heartbeat. While the engine is unhealthy or restarting, or leases cannot be renewed, the
-worker takes no new batch (workers/delivery/gate.py). After a SIGKILL of
+worker takes no new batch (workers/delivery/intake.py). After a SIGKILL of
 the worker none of this runs: the engine guard's parent-death signal takes the engine down,
 the heartbeat key expires and the leases lapse.
 """
@@ -25,8 +25,8 @@ from celery.worker import state as worker_state
 from config.launch_profile import LaunchProfile, load_profile
 from config.settings import Settings
 from workers.dataset.manifest import launch_digest
-from workers.delivery import gpu_share, jobstate
-from workers.delivery.gate import ConsumerGate
+from workers.delivery import gpu_share
+from workers.delivery.intake import Intake
 from workers.delivery.lease import LeaseKeeper
 from workers.delivery.ownership import worker_prefix
 from workers.delivery.stall import StallWatch
@@ -37,6 +37,7 @@ from workers.node import gpu_group, heartbeat
 from workers.node.context import WorkerIdentity
 from workers.observe.gauges import WorkerWatch
 from workers.observe.metrics import Exporter, FleetCollector
+from workers.redisdb.keys import NodeKeys
 from workers.retry import RetryPolicy, backoff_s
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,10 @@ class WorkerRuntime:
     """Owns one engine and keeps it healthy while the worker lives."""
 
     def __init__(self, settings: Settings, me: WorkerIdentity, redis_client: redis.Redis,
-                 lease_index_key: str, gate: ConsumerGate | None = None,
+                 lease_index_key: str, intake: Intake | None = None,
                  unacked_key: str = "unacked") -> None:
         self.settings, self.me, self.redis = settings, me, redis_client
+        self.keys = NodeKeys(me.node)
         profile = load_profile(settings.profile)
         self.group = me.group
         self.engine = Engine(EngineSpec(
@@ -62,11 +64,11 @@ class WorkerRuntime:
             stop_grace_s=settings.engine_stop_grace_s, cuda_device=settings.cuda_device,
             gpus=self.group.gpus,
         ))
-        self.gate = gate or ConsumerGate(None, None)
+        self.intake = intake or Intake(None, None)
         self.lease = LeaseKeeper(redis_client, lease_index_key, settings.lease_renew_s,
                                  unacked_key=unacked_key,
                                  owner_prefix=worker_prefix(me.node, os.getpid()),
-                                 gate=self.gate, watchdog_s=settings.lease_watchdog_s)
+                                 intake=self.intake, watchdog_s=settings.lease_watchdog_s)
         self._stop = threading.Event()
         self._relaunch: LaunchProfile | None = None
         # Profiles a relaunch message may name (workers/engine/relaunch_guard.py): this
@@ -88,7 +90,7 @@ class WorkerRuntime:
 
     def start(self) -> None:
         """Start the engine and wait until it is healthy, then start the background threads."""
-        self.redis.delete(jobstate.handback_key(self.me.node))  # left by this node's last shutdown
+        self.redis.delete(self.keys.handback)  # left by this node's last shutdown
         self.lease.start()
         self.engine.start()
         self.watch.start()
@@ -109,7 +111,7 @@ class WorkerRuntime:
         self.exporter.stop()
         self.engine.stop()
         try:
-            self.redis.delete(heartbeat.heartbeat_key(self.me.node))
+            self.redis.delete(self.keys.heartbeat)
             gpu_group.release(self.redis, self.me.node, self.group)
         except redis.RedisError:
             pass
@@ -118,7 +120,7 @@ class WorkerRuntime:
         """Warm shutdown: the running batches stop sending and go back to the queue with
         their answered prompts kept (they look for this key every second)."""
         try:
-            self.redis.set(jobstate.handback_key(self.me.node), 1, ex=HANDBACK_TTL_S)
+            self.redis.set(self.keys.handback, 1, ex=HANDBACK_TTL_S)
         except redis.RedisError as exc:
             log.warning("could not ask running batches to hand back: %s", exc)
 
@@ -147,9 +149,9 @@ class WorkerRuntime:
         policy = RetryPolicy(max_attempts=1_000_000, base_s=2.0, max_s=60.0)
         if profile is None:
             # Batches read this to tell a crash (blame the prompts in flight) from a relaunch.
-            self.redis.hincrby(jobstate.node_stats_key(self.me.node), "crash_restarts", 1)
+            self.redis.hincrby(self.keys.stats, "crash_restarts", 1)
         self.stall.reset()
-        self.gate.close("engine")  # nothing new is taken until the engine is healthy again
+        self.intake.close("engine")  # nothing new is taken until the engine is healthy again
         known_good, attempt = self.engine.spec.profile, 0
         while not self._stop.is_set():
             attempt += 1
@@ -164,7 +166,7 @@ class WorkerRuntime:
             try:
                 self.engine.restart(self.settings.engine_start_timeout_s, profile)
                 self._failed_probes = 0
-                self.gate.open("engine")
+                self.intake.open("engine")
                 return
             except EngineStartFailed as exc:
                 log.error("%s", exc)
@@ -180,15 +182,15 @@ class WorkerRuntime:
             self._restart(f"no token progress for {self.settings.engine_stall_timeout_s:.0f} s")
         elif self.stall.serving:  # tokens moved since the last check: no probe needed
             self._failed_probes = 0
-            self.gate.open("engine")
+            self.intake.open("engine")
         elif not self.engine.probe(self.settings.engine_probe_timeout_s):
             self._failed_probes += 1
-            self.gate.close("engine")
+            self.intake.close("engine")
             if self._failed_probes >= self.settings.engine_unhealthy_after:
                 self._restart(f"{self._failed_probes} failed health probes")
         else:
             self._failed_probes = 0
-            self.gate.open("engine")
+            self.intake.open("engine")
 
     def _watch(self) -> None:
         while not self._stop.wait(self.settings.engine_health_interval_s):
@@ -214,7 +216,7 @@ class WorkerRuntime:
 
     def _in_flight(self) -> int:
         """Requests this worker's batches have in flight (reported by the pool children)."""
-        raw = self.redis.hgetall(jobstate.in_flight_key(self.me.node))
+        raw = self.redis.hgetall(self.keys.in_flight)
         return gpu_share.in_flight_total(raw, time.time())
 
     def heartbeat_payload(self) -> dict[str, Any]:

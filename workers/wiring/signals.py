@@ -22,7 +22,7 @@ from config.launch_profile import ProfileError, load_profile
 from config.settings import Settings, load_settings
 from workers.dataset.store import open_store
 from workers.delivery import job_progress, lease
-from workers.delivery.gate import ConsumerGate
+from workers.delivery.intake import Intake
 from workers.delivery.janitor import Janitor
 from workers.engine.lifecycle import ParallelismMismatch, group_profile
 from workers.node import context, gpu_group
@@ -167,9 +167,9 @@ class EngineStep(bootsteps.StartStopStep):
         client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
                                       **settings.redis_client_options())
         app = worker.app  # type: ignore[attr-defined]
-        gate = ConsumerGate(getattr(worker, "consumer", None), app)
+        intake = Intake(getattr(worker, "consumer", None), app)
         _runtime = WorkerRuntime(settings, context.identity(), client, lease.index_key(app),
-                                 gate=gate, unacked_key=lease.unacked_key(app))
+                                 intake=intake, unacked_key=lease.unacked_key(app))
         atexit.register(_runtime.stop)
         _runtime.start()
         _start_janitor(app, settings, client)

@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import redis
@@ -28,15 +28,18 @@ from workers.batch.units import HandBack, JobStopped
 from workers.dataset.jobs import load_checked_input, load_spec, result_key
 from workers.dataset.location import choose_store
 from workers.dataset.store import RetryingStore, Store, open_store, store_policy
-from workers.delivery import jobstate, sink_requests, split, whereabouts
-from workers.delivery.ownership import ClaimLapsed, LostOwnership, Ownership, make_token
+from workers.delivery import jobstate, sink_requests, whereabouts
+from workers.delivery.ownership import ClaimLapsed, LostOwnership, Ownership
 from workers.delivery.progress import BatchEnv, drop_progress
 from workers.errors import JobError
 from workers.node.context import identity
-from workers.node.heartbeat import heartbeat_key
 from workers.node.queues import BATCH_TASK, TAKE_TASK
 from workers.observe import metrics
 from workers.observe.events import TaskProgress
+from workers.redisdb import scripts
+from workers.redisdb.keys import JobKeys, NodeKeys
+from workers.split import asker
+from workers.split.protocol import Part
 
 log = logging.getLogger(__name__)
 
@@ -58,34 +61,37 @@ def _store(url: str) -> Store:
     return RetryingStore(open_store(url, settings.s3), store_policy(settings))
 
 
-async def _job_store(r: aioredis.Redis, settings: Settings, job: str) -> Store:
-    """The store the job was enqueued into (workers/dataset/location.py), not this worker's
-    own FLEET_STORE_URL (a worker started in another folder has another default store)."""
-    raw = await r.hget(jobstate.Keys(job).job, "store_url")
-    return _store(choose_store(job, raw.decode() if raw else None, settings.store_url,
-                               explicit=False))
+async def _open_job(r: aioredis.Redis, settings: Settings, job: str, batch: int
+                    ) -> tuple[Store, Any]:
+    """The store the job was enqueued into (workers/dataset/location.py, not this worker's
+    own FLEET_STORE_URL: a worker started in another folder has another default store) and
+    the job's spec, once this worker can run it (else :func:`_stall`)."""
+    raw = await r.hget(JobKeys(job).job, "store_url")
+    store = _store(choose_store(job, raw.decode() if raw else None, settings.store_url,
+                                explicit=False))
+    spec = await _load_spec_or_stall(r, store, job, batch)
+    await _check_profile(r, job, batch)
+    return store, spec
 
 
-async def _load_spec_or_stall(store: Store, job: str, batch: int) -> Any:
-    """The job's spec; where this worker cannot read it, say so in ``status`` (``stalled:``)
-    and hand the batch back rather than fail it for good: a worker that can read the store
-    takes it, or this one once the store is readable."""
+async def _stall(r: aioredis.Redis, job: str, batch: int, why: str, cause: str = "") -> NoReturn:
+    """Say in ``status`` (``stalled:``) why this worker cannot run the job, then hand the batch
+    back rather than fail it for good: a worker that can run it takes it, or this one later."""
     node = identity().node
-    sync = redis.Redis.from_url(_settings().redis_url.get_secret_value(),
-                                **_settings().redis_client_options())
+    await jobstate.note_stalled(r, job, node, why)
+    log.warning("batch %s/%s: %s%s; handing it back", job, batch, why, cause and f" ({cause})")
+    await asyncio.sleep(UNREADABLE_PAUSE_S)
+    raise HandBack(f"{node} {why}")
+
+
+async def _load_spec_or_stall(r: aioredis.Redis, store: Store, job: str, batch: int) -> Any:
+    """The job's spec, or :func:`_stall` where this worker cannot read it."""
     try:
-        try:
-            spec = await asyncio.to_thread(load_spec, store, job)
-        except JobError as exc:
-            why = f"cannot read job {job} in {store.url}"
-            await asyncio.to_thread(jobstate.note_stalled, sync, job, node, why)
-            log.warning("batch %s/%s: %s (%s); handing it back", job, batch, why, exc)
-            await asyncio.sleep(UNREADABLE_PAUSE_S)
-            raise HandBack(f"{node} {why}") from exc
-        await asyncio.to_thread(jobstate.clear_stalled, sync, job, node)
-        return spec
-    finally:
-        sync.close()
+        spec = await asyncio.to_thread(load_spec, store, job)
+    except JobError as exc:
+        await _stall(r, job, batch, f"cannot read job {job} in {store.url}", str(exc))
+    await jobstate.clear_stalled(r, job, identity().node)
+    return spec
 
 
 def _engine_profile(beat: bytes | None, default: str) -> tuple[str, int | None, str | None]:
@@ -103,10 +109,7 @@ def _settle_stored(settings: Settings, store: Store, job: str, batch: int) -> No
                              **settings.redis_client_options())
     try:
         whereabouts.count_stored(store, r, job, batch)
-        keys = jobstate.Keys(job)
-        unowned = r.eval("if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end "
-                         "redis.call('DEL', KEYS[2]) return 1",
-                         2, keys.owner(batch), keys.progress(batch))
+        unowned = scripts.drop_unowned_progress(r, job, batch)
     finally:
         r.close()
     if unowned:  # a live run's chunks are its own to drop
@@ -117,8 +120,8 @@ async def _check_profile(r: aioredis.Redis, job: str, batch: int) -> None:
     """Hand the batch back (and say so in ``status``) when this worker's engine runs without
     an output flag the job needs (a tool-call parser of the profile it was enqueued for)."""
     node = identity().node
-    need_profile, raw_needs = await r.hmget(jobstate.Keys(job).job, ["profile", "needs"])
-    beat = orjson.loads(await r.get(heartbeat_key(node)) or b"{}")
+    need_profile, raw_needs = await r.hmget(JobKeys(job).job, ["profile", "needs"])
+    beat = orjson.loads(await r.get(NodeKeys(node).heartbeat) or b"{}")
     if not raw_needs or "output_flags" not in beat:
         return
     missing = unmet_needs(orjson.loads(raw_needs), beat["output_flags"])
@@ -126,20 +129,7 @@ async def _check_profile(r: aioredis.Redis, job: str, batch: int) -> None:
         return
     why = (f"runs profile {beat.get('profile')}, job {job} needs {', '.join(missing)} "
            f"(profile {need_profile.decode() if need_profile else '?'})")
-    sync = redis.Redis.from_url(_settings().redis_url.get_secret_value(),
-                                **_settings().redis_client_options())
-    try:
-        await asyncio.to_thread(jobstate.note_stalled, sync, job, node, why)
-    finally:
-        sync.close()
-    log.warning("batch %s/%s: %s; handing it back", job, batch, why)
-    await asyncio.sleep(UNREADABLE_PAUSE_S)
-    raise HandBack(f"{node} {why}")
-
-
-# How long an idle worker waits for a batch's owner to answer its split request (the owner
-# looks every half second).
-GRANT_WAIT_S = 3.0
+    await _stall(r, job, batch, why)
 
 
 def _skipped(job: str, batch: int, why: str) -> dict[str, Any]:
@@ -152,13 +142,11 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
     r = aioredis.from_url(settings.redis_url.get_secret_value(),
                           **settings.redis_client_options())
     try:
-        state = (await r.hget(jobstate.Keys(job).job, "state") or b"running").decode()
+        state = (await r.hget(JobKeys(job).job, "state") or b"running").decode()
         if state != "running":
             # Paused or cancelled after this message was queued: drop it; resume re-sends it.
             return _skipped(job, batch, f"job {state}")
-        store = await _job_store(r, settings, job)
-        spec = await _load_spec_or_stall(store, job, batch)
-        await _check_profile(r, job, batch)
+        store, spec = await _open_job(r, settings, job, batch)
 
         async def stored() -> bool:
             return await asyncio.to_thread(store.exists, result_key(job, batch))
@@ -176,27 +164,20 @@ async def _run(task: Task, job: str, batch: int) -> dict[str, Any]:
             # A live run owns it (a duplicate message, or a run that is still letting go):
             # keep a message for the batch rather than ack the only one away.
             raise HandBack(f"batch {job}/{batch} is held by {claimed.holder}")
-        owner.start_keeping(settings.lease_renew_s)
-        # The start of the job's active span (workers/delivery/job_progress.py).
-        await r.hsetnx(jobstate.Keys(job).job, "first_taken_at", round(time.time(), 3))
-        try:
+        async with owner.kept(settings.lease_renew_s):
+            # The start of the job's active span (workers/delivery/job_progress.py).
+            await r.hsetnx(JobKeys(job).job, "first_taken_at", round(time.time(), 3))
             return await _generate(task, settings, store, r, spec, batch, owner)
-        finally:
-            await owner.stop_keeping()
-            try:
-                await owner.release()  # a no-op once finished or taken over
-            except (redis.RedisError, OSError):
-                pass  # the claim then lapses by itself
     finally:
         await r.aclose()
 
 
 async def _generate(task: Task, settings: Settings, store: Store, r: aioredis.Redis,
                     spec: Any, batch: int, owner: Ownership,
-                    part: split.Part | None = None) -> dict[str, Any]:
+                    part: Part | None = None) -> dict[str, Any]:
     me = identity()
     rows = await asyncio.to_thread(load_checked_input, store, spec, batch)
-    beat = await r.get(heartbeat_key(me.node))
+    beat = await r.get(NodeKeys(me.node).heartbeat)
     profile, fixed, digest = _engine_profile(beat, settings.profile)
     progress = TaskProgress(task.app, task.request.id, task.request.hostname,
                             len(part.rows) if part else len(rows), me.gpu,
@@ -216,31 +197,16 @@ async def _take(task: Task, job: str, batch: int) -> dict[str, Any]:
     r = aioredis.from_url(settings.redis_url.get_secret_value(),
                           **settings.redis_client_options())
     try:
-        if (await r.hget(jobstate.Keys(job).job, "state") or b"running") != b"running":
+        if (await r.hget(JobKeys(job).job, "state") or b"running") != b"running":
             return _skipped(job, batch, "job not running")
-        store = await _job_store(r, settings, job)
-        spec = await _load_spec_or_stall(store, job, batch)
-        await _check_profile(r, job, batch)
-        token = make_token(me.node)
-        asked_at = time.monotonic()
-        req = await split.request_rows(r, job, batch, token)
-        if req is None:
-            return _skipped(job, batch, "another GPU asks for its rows")
-        rows = await split.await_grant(r, job, batch, req, GRANT_WAIT_S)
-        if not rows:
-            return _skipped(job, batch, "its owner kept its rows")
-        owner = Ownership.of_part(r, job, batch, me.node, settings.visibility_timeout_s,
-                                  split.part_key(job, batch, req.part), token, asked_at)
-        owner.start_keeping(settings.lease_renew_s)
-        try:
-            return await _generate(task, settings, store, r, spec, batch, owner,
-                                   split.Part(req.part, rows))
-        finally:
-            await owner.stop_keeping()
-            try:
-                await owner.release()  # the owner sends what the part did not answer
-            except (redis.RedisError, OSError):
-                pass  # the claim then lapses by itself
+        store, spec = await _open_job(r, settings, job, batch)
+        got = await asker.ask(r, job, batch, me.node, settings.visibility_timeout_s)
+        if isinstance(got, str):
+            return _skipped(job, batch, got)
+        part, claim = got
+        # Released at the end: the batch's owner sends what the part did not answer.
+        async with claim.kept(settings.lease_renew_s):
+            return await _generate(task, settings, store, r, spec, batch, claim, part)
     finally:
         await r.aclose()
 
@@ -257,7 +223,7 @@ def count_child_death(args: Any) -> None:
     if runtime is None:
         return
     try:
-        runtime.redis.hincrby(jobstate.Keys(job).child_deaths, batch, 1)
+        runtime.redis.hincrby(JobKeys(job).child_deaths, batch, 1)
     except redis.RedisError as exc:
         log.warning("could not count the lost pool process of %s/%s: %s", job, batch, exc)
 
@@ -309,7 +275,7 @@ def take_rows(self: Task, job: str, batch: int) -> dict[str, Any]:
     """Generate the unsent rows of another GPU's ``batch`` that its owner grants this worker.
 
     Acked when taken: whatever happens to this run, the batch's owner sends the rows its part
-    did not answer (workers/delivery/split.py), so there is nothing to redeliver."""
+    did not answer (workers/split/), so there is nothing to redeliver."""
     try:
         return asyncio.run(_take(self, job, batch))
     except (HandBack, JobStopped, LostOwnership, JobError) as exc:

@@ -1,7 +1,8 @@
-"""Stop and restart consuming from a worker's task queues, for as long as any reason holds.
+"""The worker's intake of new batches: stop and restart consuming from its task queues, for as
+long as any reason holds.
 
 A GPU whose engine is down (or restarting) or whose leases cannot be renewed must not take
-new batches: each would wait for the engine and bounce. The gate cancels the worker's task
+new batches: each would wait for the engine and bounce. The intake cancels the worker's task
 queues while at least one reason is set and consumes them again when the last one clears.
 Both go through ``Consumer.call_soon`` (Celery 5.7, ``celery.worker.consumer.consumer``),
 which runs them on the consumer's own event loop, as Celery's ``cancel_consumer`` and
@@ -17,7 +18,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-class ConsumerGate:
+class Intake:
     """Closed while any reason is set; the queues it cancelled come back when it opens."""
 
     def __init__(self, consumer: Any, app: Any) -> None:
@@ -27,7 +28,7 @@ class ConsumerGate:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"<ConsumerGate closed={sorted(self._reasons)}>"
+        return f"<Intake closed={sorted(self._reasons)}>"
 
     @property
     def closed(self) -> bool:
@@ -35,7 +36,7 @@ class ConsumerGate:
         return bool(self._reasons)
 
     def is_closed(self, reason: str) -> bool:
-        """Whether ``reason`` holds the gate closed."""
+        """Whether ``reason`` holds the intake closed."""
         return reason in self._reasons
 
     def close(self, reason: str) -> None:
