@@ -20,6 +20,7 @@ import typer
 
 from config.settings import Settings, load_settings
 from producer.enqueue_cmd import enqueue_command
+from producer.export_cmd import export_command
 from workers.dataset.jobs import check_job_name, load_spec
 from workers.dataset.store import Store, open_store
 from workers.errors import FleetError, InputError, JobError
@@ -89,7 +90,7 @@ def _open(settings: Settings) -> tuple[Store, redis.Redis]:
             redis.Redis.from_url(settings.redis_url.get_secret_value()))
 
 
-def _job_settings(job: str) -> Settings:
+def job_settings(job: str) -> Settings:
     """The settings, with the store the job was enqueued into (workers/dataset/location.py)."""
     from workers.dataset.location import for_job
 
@@ -97,6 +98,7 @@ def _job_settings(job: str) -> Settings:
 
 
 cli.command("enqueue")(friendly_errors(enqueue_command))
+cli.command("export")(friendly_errors(export_command))
 
 
 @cli.command()
@@ -111,7 +113,7 @@ def status(
     from producer.status import job_status, status_spec
     from workers.dataset.location import locate
 
-    settings = _job_settings(job)
+    settings = job_settings(job)
     store, r = _open(settings)
     spec = status_spec(store, r, job)
     where = locate(settings.store_url, settings.s3.endpoint_url)
@@ -146,7 +148,7 @@ def verify(
     from workers.dataset.quality_gates import parse_quality
 
     override = parse_quality(quality)
-    settings = _job_settings(job)
+    settings = job_settings(job)
     store = open_store(settings.store_url, settings.s3)
     report = verify_job(store, load_spec(store, job), override)
     from producer import render
@@ -181,7 +183,7 @@ def requeue(
     from workers import app
 
     names = parse_where(where)
-    settings = _job_settings(job)
+    settings = job_settings(job)
     store, r = _open(settings)
     report = requeue_rows(store, r, app, load_spec(store, job), names, max_new_tokens)
     _requeued(job, report)
@@ -213,7 +215,7 @@ def requeue_failed_cmd(
     from producer.requeue import requeue_failed
     from workers import app
 
-    settings = _job_settings(job)
+    settings = job_settings(job)
     store, r = _open(settings)
     report = requeue_failed(store, r, app, load_spec(store, job), truncated, max_new_tokens)
     _requeued(job, report)
@@ -231,7 +233,7 @@ def sink(
     """Aggregate results into Parquet shards + manifest.json (+ _SUCCESS when verify passes)."""
     from producer.sinkcmd import run_sink
 
-    settings = _job_settings(job)
+    settings = job_settings(job)
     summary = run_sink(settings, job, wait, local, timeout_s)
     if summary is None:
         err().print(f"sink of job {job} enqueued on queue 'sink'")
@@ -256,75 +258,7 @@ def dataset_path_cmd(
     """Print the folder (or s3:// URL) of the job's committed data set: read it through this."""
     from producer.sinkcmd import dataset_path
 
-    sys.stdout.write(dataset_path(_job_settings(job), job, allow_incomplete) + "\n")
-
-
-def _formats_help() -> str:
-    from producer.exports import FORMATS
-
-    return "; ".join(f"{f.name}: {f.about}" for f in FORMATS.values())
-
-
-@cli.command()
-@friendly_errors
-def export(
-    job: str = typer.Option(..., "--job", help="Job name"),
-    fmt: str = typer.Option("parquet", "--format", help=_formats_help()),
-    out_path: Path = typer.Option(..., "--out", help="File to write (a folder for hf)"),
-    tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", help="specforge, speculators, tokens: the model folder whose "
-        "tokenizer and chat template the engine used (default: the job's launch-profile "
-        "model folder)"),
-    max_differ: float = typer.Option(
-        0.02, "--max-differ", min=0.0, max=1.0, help="specforge, speculators, tokens: exit 1 "
-        "when more than this share of rows differ from the engine's ids or prompt length"),
-    license_id: str = typer.Option("other", "--license",
-                                   help="hf: the dataset card's license (an SPDX id)"),
-    usable_only: bool = typer.Option(
-        False, "--usable-only", help="specforge, speculators, tokens, hf: also leave out, into "
-        "the errors file with the reason, rows that fail a row-level quality gate "
-        "(near_empty, invalid, no_reasoning, markers, truncated)"),
-    input_turns: bool = typer.Option(
-        False, "--train-input-turns", help="specforge, speculators, tokens: also supervise the "
-        "input's own assistant turns (context the engine was sent, not its output)"),
-) -> None:
-    """Write a job's data set for its reader: the data set as it is (parquet, jsonl), an
-    OpenAI Batch output file, or a drafter trainer's input (specforge, speculators, tokens,
-    hf)."""
-    from producer.exports import export as export_job
-
-    settings = _job_settings(job)
-    store = open_store(settings.store_url, settings.s3)
-    load_spec(store, job)  # "no job ...", not "no data set yet", for a job that is not there
-    done = export_job(store, job, fmt, out_path, tokenizer, license_id=license_id,
-                      max_differ=max_differ, usable_only=usable_only, input_turns=input_turns)
-    for line in export_summary(done):
-        err().print(line, soft_wrap=True)
-    if done.get("inexact"):
-        raise typer.Exit(RET_FAILED)
-
-
-def export_summary(done: dict) -> list[str]:
-    """The lines ``fleet export`` prints: what it wrote, and ``ok + errors = rows``; the
-    verdict when the data set failed a gate; how its tokens compare with the engine's."""
-    from workers.dataset.quality_gates import gate_line
-
-    text = (f"wrote {done['lines']:,} {done['unit']} of job {done['job']} to {done['out']} "
-            f"({done['format']})")
-    if done["errors_file"]:
-        text += f" and {done['errors']:,} to {done['errors_file']}"
-    text += f"; ok {done['ok']:,} + errors {done['errors']:,} = {done['rows']:,} rows"
-    lines = [text + ("" if done["complete"] else "; the data set is NOT complete")]
-    if gates := done["failed_gates"]:
-        lines.append("quality: this data set failed its gates at commit (fleet verify exits "
-                     f"5): {'; '.join(gate_line(g) for g in gates)}")
-    if "compared" in done:
-        lines.append(f"tokens: {done['tokenizer']}: {done['differ']:,} of "
-                     f"{done['compared']:,} rows compared with the engine's ids and prompt "
-                     "length differ")
-    if done.get("inexact"):
-        lines.append(f"export is not exact: {done['inexact']}")
-    return lines
+    sys.stdout.write(dataset_path(job_settings(job), job, allow_incomplete) + "\n")
 
 
 @cli.command()
@@ -350,7 +284,7 @@ def resume(job: str = typer.Option(..., "--job", help="Job name")) -> None:
     from producer.control import resume_job
     from workers import app
 
-    settings = _job_settings(job)
+    settings = job_settings(job)
     store, r = _open(settings)
     report = resume_job(store, r, app, load_spec(store, job))
     err().print(f"job {job} resumed: enqueued {report.enqueued}, already done "
@@ -399,7 +333,7 @@ def report(
     """Write a report with plots: tokens/s per GPU, progress vs ETA, latency, finish reasons."""
     from producer.report import build_report
 
-    settings = _job_settings(job)
+    settings = job_settings(job)
     store, r = _open(settings)
     summary = build_report(r, store, load_spec(store, job), out_dir)
     if as_json:

@@ -43,8 +43,9 @@ from workers.dataset.jobs import (
     staged_sha256,
 )
 from workers.dataset.manifest import encode_manifest, load_manifest, manifest_key, success_key
-from workers.dataset.quality import QualityOptions, job_options, judge
+from workers.dataset.quality import judge
 from workers.dataset.quality_gates import PER_ROW, thresholds
+from workers.dataset.quality_options import QualityOptions, job_options
 from workers.dataset.samples import row_key
 from workers.dataset.sink_lock import SinkLock
 from workers.dataset.store import Store

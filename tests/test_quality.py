@@ -11,8 +11,9 @@ import pytest
 from tests.test_sink import cli, local_root, make_job, prompt_rows
 from workers.dataset.jobs import PromptRow, decode_rows, encode_rows, result_key
 from workers.dataset.manifest import load_manifest
-from workers.dataset.quality import QualityOptions, QualityTally
+from workers.dataset.quality import QualityTally
 from workers.dataset.quality_gates import evaluate, parse_quality, thresholds
+from workers.dataset.quality_options import QualityOptions
 from workers.dataset.sink import ShardLimits, aggregate
 from workers.dataset.store import LocalStore
 from workers.dataset.verify import verify_job

@@ -18,8 +18,9 @@ import pytest
 
 from workers.dataset.jobs import JobSpec, SamplingSpec
 from workers.dataset.manifest import SCHEMA, to_record
-from workers.dataset.quality import QualityTally, job_options, judge
+from workers.dataset.quality import QualityTally, judge
 from workers.dataset.quality_gates import evaluate, thresholds
+from workers.dataset.quality_options import job_options
 from workers.dataset.quality_table import add_table
 
 SCHEMA_TEXT = orjson.dumps({"type": "object", "required": ["name", "age"],

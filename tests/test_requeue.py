@@ -20,7 +20,8 @@ from tests.chaos.cluster import signal_group
 from tests.chaos.schedule import Shape
 from tests.conftest import follow_status, run_producer, wait_done, write_prompts
 from workers.dataset.jobs import decode_rows, encode_rows, load_spec, result_key
-from workers.dataset.quality import job_options, judge
+from workers.dataset.quality import judge
+from workers.dataset.quality_options import job_options
 from workers.dataset.samples import row_key
 from workers.dataset.store import LocalStore
 from workers.dataset.verify import stored_batches

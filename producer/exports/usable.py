@@ -14,8 +14,9 @@ from typing import Any
 
 from producer.exports.sent import SentRequests
 from producer.exports.source import DataSet
-from workers.dataset.quality import job_options, judge
+from workers.dataset.quality import judge
 from workers.dataset.quality_gates import FIGURES, PER_ROW, thresholds
+from workers.dataset.quality_options import job_options
 
 
 class RowGates:

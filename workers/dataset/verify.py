@@ -31,8 +31,9 @@ from workers.dataset.jobs import (
     results_prefix,
 )
 from workers.dataset.manifest import Tally
-from workers.dataset.quality import QualityTally, job_options
+from workers.dataset.quality import QualityTally
 from workers.dataset.quality_gates import evaluate, thresholds
+from workers.dataset.quality_options import job_options
 from workers.dataset.samples import row_samples, row_unit
 from workers.dataset.store import ObjectMissing, Store
 

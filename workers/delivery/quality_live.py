@@ -26,7 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from workers.dataset.jobs import JobSpec
-from workers.dataset.quality import QualityTally, job_options
+from workers.dataset.quality import QualityTally
 from workers.dataset.quality_gates import (
     COUNTERS,
     EXAMPLES,
@@ -37,6 +37,7 @@ from workers.dataset.quality_gates import (
     shares,
     thresholds,
 )
+from workers.dataset.quality_options import job_options
 from workers.redisdb import scripts
 from workers.redisdb.keys import JobKeys
 
