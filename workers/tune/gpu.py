@@ -25,11 +25,12 @@ This module imports only the standard library and pynvml, so it also runs as a s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 MIB = 1024 * 1024
@@ -114,9 +115,10 @@ def nvml_indices(gpus: Sequence[int]) -> list[int]:
     return list(gpus)
 
 
-def device_count() -> int:
-    """How many GPUs NVML sees on this node (in a container: those it was given); raises
-    GpuUnavailable when NVML cannot be loaded."""
+@contextlib.contextmanager
+def _nvml() -> Iterator[Any]:
+    """pynvml, initialised for the block and shut down after; GpuUnavailable when it cannot
+    be loaded or initialised."""
     try:
         import pynvml
     except ImportError as exc:
@@ -126,36 +128,35 @@ def device_count() -> int:
     except pynvml.NVMLError as exc:
         raise GpuUnavailable(f"NVML unavailable: {exc}") from exc
     try:
-        return int(pynvml.nvmlDeviceGetCount())
-    except pynvml.NVMLError as exc:
-        raise GpuUnavailable(f"NVML error: {exc}") from exc
+        yield pynvml
     finally:
         pynvml.nvmlShutdown()
+
+
+def device_count() -> int:
+    """How many GPUs NVML sees on this node (in a container: those it was given); raises
+    GpuUnavailable when NVML cannot be loaded."""
+    with _nvml() as pynvml:
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as exc:
+            raise GpuUnavailable(f"NVML error: {exc}") from exc
 
 
 def read_raw(index: int, nvml: int | None = None) -> RawGpu:
     """Raw NVML readings for GPU ``index`` (at NVML index ``nvml``, default
     :func:`nvml_index`) plus the driver version; raises GpuUnavailable."""
     fleet_index, index = index, nvml_index(index) if nvml is None else nvml
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise GpuUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise GpuUnavailable(f"NVML unavailable: {exc}") from exc
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        if not 0 <= index < count:
-            raise GpuUnavailable(f"GPU index {index} not present (NVML sees {count} GPUs)")
-        raw = _device_raw(pynvml.nvmlDeviceGetHandleByIndex(index), fleet_index)
-        raw["driver"] = _text(_optional(pynvml.nvmlSystemGetDriverVersion))
-        return raw
-    except pynvml.NVMLError as exc:
-        raise GpuUnavailable(f"NVML error on GPU {index}: {exc}") from exc
-    finally:
-        pynvml.nvmlShutdown()
+    with _nvml() as pynvml:
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            if not 0 <= index < count:
+                raise GpuUnavailable(f"GPU index {index} not present (NVML sees {count} GPUs)")
+            raw = _device_raw(pynvml.nvmlDeviceGetHandleByIndex(index), fleet_index)
+            raw["driver"] = _text(_optional(pynvml.nvmlSystemGetDriverVersion))
+            return raw
+        except pynvml.NVMLError as exc:
+            raise GpuUnavailable(f"NVML error on GPU {index}: {exc}") from exc
 
 
 def _mib(value: int | None) -> int | None:
