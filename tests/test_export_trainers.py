@@ -1,12 +1,12 @@
-"""``fleet export --format specforge | tokens | hf``: the data set in a drafter trainer's hands.
+"""``fleet export --format specforge | speculators | tokens | hf``: the data set in a drafter
+trainer's hands, token for token.
 
-The job's results are written as a worker writes them (tests.test_sink), with reasoning, tool
-calls, the engine's ``output_ids`` (right for one row, wrong for another), a failed and a
-quarantined row; the exports are then read back the way their trainers read them:
-``datasets.load_dataset`` for JSONL, Parquet and the hf folder, SpecForge's conversation rules
-and loss-mask arithmetic (``specforge/data/parse.py``, ``GeneralParser.parse``: the mask from
-the assistant header through the end-of-turn token, token positions from the encoded length of
-the text before each end), vLLM speculators' row keys (``scripts/response_regeneration``).
+Every row kind (tests/trainer_rows.py) under five chat templates: the token exports give the
+context the engine was sent, then the ids it generated, with the mask over exactly those; a
+row whose ids or prompt length disagree with the engine's is counted and, past --max-differ,
+the export exits 1 naming rows. Kept columns reach every export; --usable-only and
+--train-input-turns; the hf folder's card. SpecForge's and speculators' own code reading these
+files is tests/test_export_loaders.py.
 """
 
 from __future__ import annotations
