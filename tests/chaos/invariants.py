@@ -179,6 +179,32 @@ def check_manifest(c: Cluster, job: str, rows: dict[int, list[dict[str, Any]]],
     return out
 
 
+def check_export(c: Cluster, job: str, rows: dict[int, list[dict[str, Any]]],
+                 kept: str | None = None) -> list[str]:
+    """``export --format hf`` of the committed data set accounts for every stored row (each
+    answered one in the folder, from the request rebuilt from its staged input; the others in
+    the errors file), with the kept column ``kept`` on every row."""
+    import datasets
+
+    out = c.root / "exports" / job
+    res = run_producer(c.env, "export", "--job", job, "--format", "hf", "--out", str(out),
+                       timeout_s=180)
+    if res.returncode != 0:
+        return [f"{job}: export --format hf rc={res.returncode}: {res.stderr.strip()[-300:]}"]
+    flat = [x for batch in rows.values() for x in batch]
+    answered = sum(x.get("status") == "ok" for x in flat)
+    table = datasets.load_dataset(str(out), split="train",
+                                  cache_dir=str(c.root / "exports" / "cache")).to_list()
+    errors = (out.parent / f"{job}.errors.jsonl").read_bytes().splitlines()
+    problems = []
+    if (len(table), len(errors)) != (answered, len(flat) - answered):
+        problems.append(f"{job}: the hf export holds {len(table)} rows and {len(errors)} "
+                        f"errors; the store {answered} answered of {len(flat)}")
+    if kept and any(r.get(kept) is None for r in table):
+        problems.append(f"{job}: hf export rows without their kept {kept!r}")
+    return problems
+
+
 def check_orphans(c: Cluster, wait_s: float) -> list[str]:
     """After every worker stopped: no engine (or guard) of this cluster is left running."""
     deadline = time.monotonic() + wait_s

@@ -253,8 +253,12 @@ def _check(cluster: Cluster, schedule: Schedule, inputs: dict[str, Path], out: O
             out.violations.append(f"{job}: done, yet batches not stored with no message and "
                                   f"no live holder: {stuck}")
         if not viol:
-            out.violations += invariants.check_manifest(cluster, job, rows,
-                                                        schedule.shape.manifest_wait_s)
+            manifest = invariants.check_manifest(cluster, job, rows,
+                                                 schedule.shape.manifest_wait_s)
+            out.violations += manifest
+            if not manifest:
+                out.violations += invariants.check_export(
+                    cluster, job, rows, "ref" if job in JOB_FLAGS else None)
 
 
 def run_schedule(schedule: Schedule, base_env: dict[str, str], root: Path,
