@@ -285,17 +285,22 @@ class EngineTokens:
         # A template that does not print a generated turn's reasoning: the answer is the rest.
         return ctx, answer, finished and not has_stop, bool(reasoning) and reasoning not in answer
 
+    def _context_ids(self, sents: list[Sent], chat: dict[int, str]) -> list[list[int]]:
+        """The context ids of each request (``chat``: the rendered text of its chat ones):
+        a chat text encoded without added special tokens, a plain prompt as /generate does."""
+        plain = {n: s.prompt or "" for n, s in enumerate(sents) if s.messages is None}
+        out: list[list[int]] = [[] for _ in sents]
+        for texts, special in ((chat, False), (plain, True)):
+            for n, ids in zip(texts, self._encode_texts(list(texts.values()), special),
+                              strict=True):
+                out[n] = ids
+        return out
+
     def context_lengths(self, sents: list[Sent]) -> list[int]:
         """Tokens of each request as the engine counts its input (see the module docstring)."""
         chat = {n: self._render(template_messages(s.messages), s, True)
                 for n, s in enumerate(sents) if s.messages is not None}
-        plain = {n: s.prompt or "" for n, s in enumerate(sents) if s.messages is None}
-        out = [0] * len(sents)
-        for texts, special in ((chat, False), (plain, True)):
-            for n, ids in zip(texts, self._encode_texts(list(texts.values()), special),
-                              strict=True):
-                out[n] = len(ids)
-        return out
+        return [len(ids) for ids in self._context_ids(sents, chat)]
 
     def _input_turns(self, ctx: str, sent: Sent) -> list[tuple[int, int]]:
         """Character spans of the context's assistant turns (the input's own): from where the
@@ -322,12 +327,10 @@ class EngineTokens:
         """Training rows of answered data-set rows and the requests they answered."""
         chat_ctx: dict[int, str] = {}
         answers: dict[int, str] = {}
-        plain: dict[int, str] = {}
         eos_after: set[int] = set()
         tail_only: set[int] = set()
         for n, (rec, sent) in enumerate(zip(recs, sents, strict=True)):
             if sent.messages is None:
-                plain[n] = sent.prompt or ""
                 answers[n] = rec.get("completion") or ""
                 stop = rec.get("finish_reason") == "stop"
             else:
@@ -336,9 +339,7 @@ class EngineTokens:
                     tail_only.add(n)
             if stop:
                 eos_after.add(n)
-        ctx_ids = dict(zip(chat_ctx, self._encode_texts(list(chat_ctx.values()), False),
-                           strict=True))
-        ctx_ids.update(zip(plain, self._encode_texts(list(plain.values()), True), strict=True))
+        ctx_ids = self._context_ids(sents, chat_ctx)
         ans_ids = dict(zip(answers, self._encode_texts(list(answers.values()), False),
                            strict=True))
         eos = self.tok.eos_token_id
