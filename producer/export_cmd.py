@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
+from producer.exports import FORMATS, MAX_DIFFER
+
 
 def _formats_help() -> str:
-    from producer.exports import FORMATS
-
     return "; ".join(f"{f.name}: {f.about}" for f in FORMATS.values())
 
 
@@ -25,7 +25,7 @@ def export_command(
         "tokenizer and chat template the engine used (default: the job's launch-profile "
         "model folder)"),
     max_differ: float = typer.Option(
-        0.02, "--max-differ", min=0.0, max=1.0, help="specforge, speculators, tokens: exit 1 "
+        MAX_DIFFER, "--max-differ", min=0.0, max=1.0, help="specforge, speculators, tokens: exit 1 "
         "when more than this share of rows differ from the engine's ids or prompt length"),
     license_id: str = typer.Option("other", "--license",
                                    help="hf: the dataset card's license (an SPDX id)"),
