@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from producer.exports.conversation import content_id, conversation, row_tools
-from producer.exports.sent import Sent, SentRequests
+from producer.exports.sent import Sent
 from producer.exports.source import (
     DataSet,
     ExportRun,
@@ -163,7 +163,7 @@ def write_hf(data: DataSet, out: Path, run: ExportRun) -> Tally:
     """Write the folder ``out`` (shards and card) and ``out.errors.jsonl``."""
     tally = Tally()
     schema = with_kept(HF_FIELDS, data.kept_fields(), "hf")
-    sent = SentRequests(data.store, data.spec)
+    sent = data.requests
     with atomic_dir(out) as tmp, error_file(out) as errors, data.tables() as tables:
         (tmp / "data").mkdir()
         parts: list[Path] = []

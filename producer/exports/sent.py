@@ -4,12 +4,13 @@ The data set keeps each message's role and content only; the request itself also
 messages' other fields (an earlier turn's ``tool_calls``, a tool message's ``tool_call_id``),
 the row's ``tools`` and its chat-template keywords. The exports that must give the engine's
 own tokens read the staged batch input (``jobs/<job>/inputs/``) and build the request again
-with the worker's own functions: :func:`workers.batch.prompt_sampling.sampling_for`,
+with the worker's own functions: :func:`workers.batch.prompt_sampling.sampling_of`,
 :func:`workers.engine.client.chat_messages` and :func:`workers.engine.client.chat_body`.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,20 +31,30 @@ class Sent:
     template_kwargs: dict[str, Any]
 
 
+# Staged batches kept read: a row group of the data set spans a few, and an export may pass
+# over a group twice (--usable-only's judge, then the training rows).
+KEPT_BATCHES = 4
+
+
 class SentRequests:
-    """Staged inputs of a job, read one batch at a time (rows come in batch order)."""
+    """Staged inputs of a job, read a batch at a time (rows come in batch order), the last
+    :data:`KEPT_BATCHES` kept."""
 
     def __init__(self, store: Store, spec: JobSpec) -> None:
         self.store, self.spec = store, spec
-        self._batch: int | None = None
-        self._rows: dict[int, PromptRow] = {}
+        self._batches: OrderedDict[int, dict[int, PromptRow]] = OrderedDict()
 
     def row(self, batch: int, index: int) -> PromptRow:
         """The staged input row ``index`` of ``batch``."""
-        if batch != self._batch:
-            self._rows = {r.index: r for r in load_batch_input(self.store, self.spec.name, batch)}
-            self._batch = batch
-        return self._rows[index]
+        rows = self._batches.get(batch)
+        if rows is None:
+            rows = {r.index: r for r in load_batch_input(self.store, self.spec.name, batch)}
+            self._batches[batch] = rows
+            if len(self._batches) > KEPT_BATCHES:
+                self._batches.popitem(last=False)
+        else:
+            self._batches.move_to_end(batch)
+        return rows[index]
 
     def get(self, rec: dict[str, Any]) -> Sent:
         """The request of data-set row ``rec`` (its ``batch``, ``index`` and ``sample``)."""

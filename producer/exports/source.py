@@ -10,6 +10,7 @@ their reason (:class:`ErrorFile`), so that ``ok + errors`` is the data set's row
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -17,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -29,6 +30,9 @@ from workers.dataset.manifest import SCHEMA, load_manifest, row_bucket
 from workers.dataset.store import FILE_MODE, RetryingStore, Store, fsync_dir
 from workers.errors import JobError, StoreError
 from workers.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from producer.exports.sent import SentRequests
 
 
 def shard_tables(store: Store, manifest: dict[str, Any], tmp: Path) -> Iterator[pa.Table]:
@@ -79,6 +83,14 @@ class DataSet:
         """The shards' row groups, checked, read through a scratch folder."""
         with tempfile.TemporaryDirectory(prefix="fleet-export-") as work:
             yield shard_tables(self.store, self.manifest, Path(work))
+
+    @functools.cached_property
+    def requests(self) -> SentRequests:
+        """The requests the worker sent, rebuilt from the staged inputs (one reader per
+        export, shared by the rows it writes and the rows it judges)."""
+        from producer.exports.sent import SentRequests
+
+        return SentRequests(self.store, self.spec)
 
     @property
     def sampling(self) -> dict[str, Any]:

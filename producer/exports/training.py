@@ -18,7 +18,7 @@ import orjson
 
 from producer.exports.conversation import content_id, conversation, row_tools
 from producer.exports.engine_tokens import Checks, EngineTokens, TrainingRow
-from producer.exports.sent import Sent, SentRequests
+from producer.exports.sent import Sent
 from producer.exports.source import (
     DataSet,
     ErrorFile,
@@ -78,7 +78,7 @@ def default_tokenizer(data: DataSet) -> Path:
 def training_rows(data: DataSet, run: ExportRun, tables: Iterator[Any], errors: ErrorFile
                   ) -> Iterator[list[Row]]:
     """Chunks of training rows; rows no training row is made of go to ``errors``."""
-    sent = SentRequests(data.store, data.spec)
+    sent = data.requests
     engine: EngineTokens = run.engine
     checks: Checks = run.checks
     for table in tables:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from producer.exports.sent import SentRequests
 from producer.exports.source import DataSet
 from workers.dataset.quality import judge
 from workers.dataset.quality_gates import FIGURES, PER_ROW, thresholds
@@ -25,7 +24,7 @@ class RowGates:
     def __init__(self, data: DataSet) -> None:
         limits = thresholds(data.spec.quality)
         self.options = job_options(data.spec, int(limits["near_empty_tokens"]))
-        self.sent = SentRequests(data.store, data.spec)
+        self.sent = data.requests
         # A gate set to 1 (100 %) is off: its rows are usable.
         self.gated = {n for n in PER_ROW if FIGURES[n].gate is not None and limits[n] < 1}
 
